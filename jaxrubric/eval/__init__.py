@@ -1,0 +1,1 @@
+"""Evaluation: rubric-agreement and reward-benchmark metrics."""

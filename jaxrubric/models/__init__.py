@@ -1,0 +1,1 @@
+"""The decoder (Qwen3 / Llama 3) and its Hugging Face checkpoint I/O."""

@@ -1,0 +1,336 @@
+"""Hugging Face checkpoints in and out: `config.json` + safetensors <-> a sharded `Decoder`.
+
+Loading never builds a whole copy of the model on one device: each Hugging Face tensor is read
+(memory-mapped) once, transposed to our layout, and only the slices each device owns are copied
+to it. Peak host memory is about one tensor beyond the per-device slices of the parameter being
+placed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import jax
+import ml_dtypes
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from jaxrubric import sharding as shd
+from jaxrubric.models.config import ConfigError, ModelConfig
+from jaxrubric.models.transformer import Decoder, layer_param_names
+
+NP_DTYPES = {
+    "float32": np.dtype(np.float32),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    "float16": np.dtype(np.float16),
+}
+_HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.tiktoken", "*.txt",
+                 "*.jinja"]
+DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read as asked, naming the file or tensor at fault."""
+
+
+# ------------------------------------------------------------------------- name mapping
+def _hf_layer_name(name: str, layer: int) -> str:
+    prefix = f"model.layers.{layer}."
+    return prefix + {
+        "input_norm": "input_layernorm.weight",
+        "post_attention_norm": "post_attention_layernorm.weight",
+        "q_proj": "self_attn.q_proj.weight",
+        "k_proj": "self_attn.k_proj.weight",
+        "v_proj": "self_attn.v_proj.weight",
+        "o_proj": "self_attn.o_proj.weight",
+        "q_norm": "self_attn.q_norm.weight",
+        "k_norm": "self_attn.k_norm.weight",
+        "gate_proj": "mlp.gate_proj.weight",
+        "up_proj": "mlp.up_proj.weight",
+        "down_proj": "mlp.down_proj.weight",
+    }[name]
+
+
+def _hf_shape(name: str, cfg: ModelConfig) -> tuple[int, ...]:
+    """Shape of a per-layer tensor in the Hugging Face file (torch Linear is [out, in])."""
+    d, f, h = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    return {
+        "input_norm": (d,), "post_attention_norm": (d,), "q_norm": (h,), "k_norm": (h,),
+        "q_proj": (cfg.num_heads * h, d), "k_proj": (cfg.num_kv_heads * h, d),
+        "v_proj": (cfg.num_kv_heads * h, d), "o_proj": (d, cfg.num_heads * h),
+        "gate_proj": (f, d), "up_proj": (f, d), "down_proj": (d, f),
+    }[name]
+
+
+def _to_ours(name: str, t: np.ndarray, cfg: ModelConfig) -> np.ndarray:
+    h = cfg.head_dim
+    if name in ("q_proj", "k_proj", "v_proj"):
+        return t.T.reshape(cfg.hidden_size, -1, h)
+    if name == "o_proj":
+        return t.T.reshape(cfg.num_heads, h, cfg.hidden_size)
+    if name in ("gate_proj", "up_proj", "down_proj"):
+        return t.T
+    return t
+
+
+def _to_hf(name: str, t: np.ndarray, cfg: ModelConfig) -> np.ndarray:
+    if name in ("q_proj", "k_proj", "v_proj"):
+        return t.reshape(cfg.hidden_size, -1).T
+    if name == "o_proj":
+        return t.reshape(-1, cfg.hidden_size).T
+    if name in ("gate_proj", "up_proj", "down_proj"):
+        return t.T
+    return t
+
+
+# ------------------------------------------------------------------------------ reading
+def resolve_checkpoint(path: str | os.PathLike) -> Path:
+    """A local folder as is; otherwise a hub id fetched through huggingface_hub."""
+    local = Path(path).expanduser()
+    if local.is_dir():
+        return local
+    if local.exists():
+        raise CheckpointError(f"{local} is a file; expected a checkpoint folder")
+    try:
+        from huggingface_hub import snapshot_download
+        return Path(snapshot_download(str(path), allow_patterns=_HUB_PATTERNS))
+    except Exception as err:  # offline, unknown repo, no permission: say what was tried
+        raise CheckpointError(
+            f"{path}: no such local folder, and fetching it as a Hugging Face hub id failed "
+            f"({type(err).__name__}: {err})"
+        ) from err
+
+
+def read_config_json(folder: Path) -> dict:
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        raise CheckpointError(f"missing file {config_file}")
+    try:
+        return json.loads(config_file.read_text())
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{config_file}: not valid JSON ({err})") from err
+
+
+def checkpoint_dtype(hf_config: dict) -> str:
+    """The storage dtype a config.json declares (either spelling), float32 if none or unknown."""
+    name = str(hf_config.get("torch_dtype") or hf_config.get("dtype") or "float32")
+    name = name.removeprefix("torch.")
+    return name if name in NP_DTYPES else "float32"
+
+
+class _TensorReader:
+    """Memory-mapped access to the tensors of single or sharded safetensors files."""
+
+    def __init__(self, folder: Path):
+        index_file = folder / "model.safetensors.index.json"
+        if index_file.is_file():
+            weight_map = json.loads(index_file.read_text())["weight_map"]
+        elif (folder / "model.safetensors").is_file():
+            weight_map = None
+        else:
+            raise CheckpointError(
+                f"missing file {folder / 'model.safetensors'} (nor a sharded "
+                f"{index_file.name} beside it)"
+            )
+        self.folder = folder
+        self._handles: dict[str, object] = {}
+        if weight_map is None:
+            handle = self._open("model.safetensors")
+            self.weight_map = {k: "model.safetensors" for k in handle.keys()}
+        else:
+            self.weight_map = weight_map
+
+    def _open(self, filename: str):
+        if filename not in self._handles:
+            file = self.folder / filename
+            if not file.is_file():
+                raise CheckpointError(f"missing file {file} (listed in the safetensors index)")
+            self._handles[filename] = safe_open(str(file), framework="numpy")
+        return self._handles[filename]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.weight_map
+
+    def read(self, name: str, expected_shape: tuple[int, ...]) -> np.ndarray:
+        if name not in self.weight_map:
+            raise CheckpointError(f"{self.folder}: tensor {name!r} is missing from the checkpoint")
+        tensor = self._open(self.weight_map[name]).get_tensor(name)
+        if tuple(tensor.shape) != tuple(expected_shape):
+            raise CheckpointError(
+                f"{self.folder / self.weight_map[name]}: tensor {name!r} has shape "
+                f"{tuple(tensor.shape)}, the config expects {tuple(expected_shape)}"
+            )
+        return tensor
+
+
+def _place_stacked(shape, dtype, sharding: NamedSharding,
+                   read_layer: Callable[[int], np.ndarray]) -> jax.Array:
+    """A `[layers, ...]` array built one layer tensor at a time into per-device slices."""
+    index_map = sharding.addressable_devices_indices_map(shape)
+    buffers: dict[tuple, tuple[tuple[slice, ...], np.ndarray]] = {}
+    for index in index_map.values():
+        key = tuple(s.indices(n) for s, n in zip(index, shape))
+        if key not in buffers:
+            shard_shape = tuple(len(range(*k)) for k in key)
+            buffers[key] = (index, np.empty(shard_shape, dtype))
+    for layer in range(shape[0]):
+        owners = [(idx, buf) for key, (idx, buf) in buffers.items() if layer in range(*key[0])]
+        if not owners:
+            continue
+        tensor = read_layer(layer)
+        for idx, buf in owners:
+            buf[layer - range(*idx[0].indices(shape[0])).start] = tensor[idx[1:]]
+    pieces = []
+    for device, index in index_map.items():
+        key = tuple(s.indices(n) for s, n in zip(index, shape))
+        pieces.append(jax.device_put(buffers[key][1], device))
+    return jax.make_array_from_single_device_arrays(shape, sharding, pieces)
+
+
+def load_pretrained(path: str | os.PathLike, *, dtype: str | None = None,
+                    param_dtype: str | None = None, mesh: Mesh | None = None,
+                    rules: shd.Rules = shd.TRAINING_RULES, scan_layers: bool = True,
+                    remat: str = "none") -> Decoder:
+    """Loads a Qwen3 / Llama 3 Hugging Face checkpoint (local folder or hub id) onto `mesh`.
+
+    `dtype` is the compute dtype and, unless `param_dtype` is given, the storage dtype too;
+    both default to the checkpoint's dtype. Without a mesh everything lands on the first device.
+    """
+    folder = resolve_checkpoint(path)
+    hf_config = read_config_json(folder)
+    dtype = dtype or checkpoint_dtype(hf_config)
+    param_dtype = param_dtype or dtype
+    for name, value in (("dtype", dtype), ("param_dtype", param_dtype)):
+        if value not in NP_DTYPES:
+            raise ConfigError(f"{name} {value!r} is not one of {sorted(NP_DTYPES)}")
+    mesh = mesh or shd.single_device_mesh()
+    cfg = ModelConfig.from_hf_dict(
+        hf_config, source=str(folder / "config.json"), dtype=dtype, param_dtype=param_dtype,
+        vocab_multiple=shd.vocab_multiple(mesh, rules), scan_layers=scan_layers, remat=remat)
+    reader = _TensorReader(folder)
+    np_dtype = NP_DTYPES[param_dtype]
+
+    abstract = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(abstract)
+    pad = cfg.padded_vocab_size - cfg.vocab_size
+
+    def place(variable: nnx.Variable, path: tuple) -> jax.Array:
+        sharding = shd.variable_sharding(variable, mesh, rules)
+        shape = variable.shape
+        name = path[-1]
+        if path[0] == "layers":
+            hf_shape = _hf_shape(name, cfg)
+            return _place_stacked(shape, np_dtype, sharding, lambda layer: _to_ours(
+                name, reader.read(_hf_layer_name(name, layer), hf_shape), cfg).astype(np_dtype))
+        if name == "embed":
+            full = reader.read("model.embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size))
+            full = np.pad(full.astype(np_dtype), ((0, pad), (0, 0)))
+        elif name == "lm_head":
+            full = reader.read("lm_head.weight", (cfg.vocab_size, cfg.hidden_size))
+            full = np.pad(full.T.astype(np_dtype), ((0, 0), (0, pad)))
+        elif name == "final_norm":
+            full = reader.read("model.norm.weight", (cfg.hidden_size,)).astype(np_dtype)
+        else:
+            raise CheckpointError(f"no Hugging Face tensor maps to parameter {'.'.join(path)}")
+        return shd.assemble_array(shape, np_dtype, sharding, lambda index: full[index])
+
+    flat = nnx.to_flat_state(state)
+    values = {tuple(map(str, p)): place(v, tuple(map(str, p))) for p, v in flat}
+    loaded = jax.tree_util.tree_map_with_path(
+        lambda p, v: v.replace(values[_path_key(p)]), state,
+        is_leaf=lambda x: isinstance(x, nnx.Variable),
+    )
+    return nnx.merge(graphdef, loaded)
+
+
+def _path_key(path) -> tuple[str, ...]:
+    out = []
+    for entry in path:
+        key = getattr(entry, "key", getattr(entry, "name", getattr(entry, "idx", entry)))
+        out.append(str(key))
+    return tuple(out)
+
+
+def load_tokenizer(path: str | os.PathLike):
+    """The transformers tokenizer of a checkpoint, with its chat template."""
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(str(resolve_checkpoint(path)))
+
+
+# ------------------------------------------------------------------------------ writing
+def _host(array: jax.Array) -> np.ndarray:
+    if not array.is_fully_addressable:
+        from jax.experimental import multihost_utils
+        return np.asarray(multihost_utils.process_allgather(array, tiled=True))
+    return np.asarray(jax.device_get(array))
+
+
+def _hf_tensors(model: Decoder, np_dtype: np.dtype) -> Iterator[tuple[str, np.ndarray]]:
+    """(name, tensor) in Hugging Face layout, one parameter gathered to the host at a time."""
+    cfg = model.config
+    yield "model.embed_tokens.weight", _host(model.embed[...])[: cfg.vocab_size].astype(np_dtype)
+    for name in layer_param_names(cfg):
+        stacked = _host(model.layers[name][...])
+        for layer in range(cfg.num_layers):
+            yield _hf_layer_name(name, layer), np.ascontiguousarray(
+                _to_hf(name, stacked[layer], cfg).astype(np_dtype))
+    yield "model.norm.weight", _host(model.final_norm[...]).astype(np_dtype)
+    if not cfg.tie_word_embeddings:
+        head = _host(model.lm_head[...])[:, : cfg.vocab_size]
+        yield "lm_head.weight", np.ascontiguousarray(head.T.astype(np_dtype))
+
+
+def save_pretrained(model: Decoder, path: str | os.PathLike, *, dtype: str | None = None,
+                    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> Path:
+    """Writes `config.json` and safetensors (sharded above `max_shard_bytes`) that
+    `transformers.AutoModelForCausalLM.from_pretrained` loads. Only process 0 writes."""
+    cfg = model.config
+    dtype = dtype or cfg.param_dtype
+    if dtype not in NP_DTYPES:
+        raise ConfigError(f"dtype {dtype!r} is not one of {sorted(NP_DTYPES)}")
+    out = Path(path)
+    writer = jax.process_index() == 0
+    if writer:
+        out.mkdir(parents=True, exist_ok=True)
+    # Shards are written as they fill (host memory ~ one shard); their final names need the
+    # shard count, so they are renamed at the end.
+    weight_map: dict[str, int] = {}
+    shard: dict[str, np.ndarray] = {}
+    written: list[Path] = []
+    total = 0
+
+    def flush() -> None:
+        if writer and shard:
+            part = out / f"model-part{len(written) + 1:05d}.safetensors"
+            save_file(shard, str(part), metadata={"format": "pt"})
+            written.append(part)
+        shard.clear()
+
+    for name, tensor in _hf_tensors(model, NP_DTYPES[dtype]):
+        if shard and sum(t.nbytes for t in shard.values()) + tensor.nbytes > max_shard_bytes:
+            flush()
+        shard[name] = tensor
+        weight_map[name] = len(written) + 1
+        total += tensor.nbytes
+    flush()
+    if not writer:
+        return out
+    if len(written) == 1:
+        written[0].rename(out / "model.safetensors")
+    else:
+        names = {i: f"model-{i:05d}-of-{len(written):05d}.safetensors"
+                 for i in range(1, len(written) + 1)}
+        for i, part in enumerate(written, 1):
+            part.rename(out / names[i])
+        index = {"metadata": {"total_size": total},
+                 "weight_map": {k: names[i] for k, i in weight_map.items()}}
+        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    hf_config = cfg.to_hf_dict(torch_dtype=dtype)
+    (out / "config.json").write_text(json.dumps(hf_config, indent=2))
+    return out

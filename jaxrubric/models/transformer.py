@@ -1,0 +1,276 @@
+"""One decoder-only transformer for Qwen3 and Llama 3.x, in Flax NNX.
+
+Layer weights are stored stacked along a leading `layers` axis, so the same parameters run either
+under `lax.scan` (one compiled layer: fast compiles for 36-layer models) or as an unrolled loop.
+Attention takes explicit positions and an explicit mask (or segment ids), so packed sequences and
+tree masks (a shared prefix with many branches, as the verifier uses) need nothing special.
+
+Every parameter carries `logical_axes` metadata; `jaxrubric.sharding` maps those names to mesh
+axes. No sharding decision lives here.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxrubric.models.config import ModelConfig
+from jaxrubric.models.rope import apply_rope, inverse_frequencies, rope_tables
+
+# Masked logits (padded vocabulary, forbidden tokens) use a large finite value rather than -inf:
+# softmax gives them exactly zero probability, and p * log p stays 0 instead of NaN.
+MASKED_LOGIT = -1e9
+
+# name -> (shape builder, logical axes); shapes exclude the leading `layers` axis.
+_LAYER_PARAMS = {
+    "input_norm": (lambda c: (c.hidden_size,), ("embed",)),
+    "q_proj": (lambda c: (c.hidden_size, c.num_heads, c.head_dim), ("embed", "heads", "head_dim")),
+    "k_proj": (lambda c: (c.hidden_size, c.num_kv_heads, c.head_dim),
+               ("embed", "kv_heads", "head_dim")),
+    "v_proj": (lambda c: (c.hidden_size, c.num_kv_heads, c.head_dim),
+               ("embed", "kv_heads", "head_dim")),
+    "o_proj": (lambda c: (c.num_heads, c.head_dim, c.hidden_size), ("heads", "head_dim", "embed")),
+    "q_norm": (lambda c: (c.head_dim,), ("head_dim",)),
+    "k_norm": (lambda c: (c.head_dim,), ("head_dim",)),
+    "post_attention_norm": (lambda c: (c.hidden_size,), ("embed",)),
+    "gate_proj": (lambda c: (c.hidden_size, c.intermediate_size), ("embed", "mlp")),
+    "up_proj": (lambda c: (c.hidden_size, c.intermediate_size), ("embed", "mlp")),
+    "down_proj": (lambda c: (c.intermediate_size, c.hidden_size), ("mlp", "embed")),
+}
+_NORMS = ("input_norm", "post_attention_norm", "q_norm", "k_norm")
+
+
+def layer_param_names(config: ModelConfig) -> tuple[str, ...]:
+    """The per-layer parameters this config has (q/k norms only for Qwen3)."""
+    return tuple(n for n in _LAYER_PARAMS if config.qk_norm or n not in ("q_norm", "k_norm"))
+
+
+class KVCache(NamedTuple):
+    """Keys/values of every layer `[layers, B, S, kv_heads, head_dim]`.
+
+    `valid [B, S]` marks slots that hold real tokens (left padding stays invalid); `index` is the
+    next slot to write, shared by the batch (rows advance in lockstep).
+    """
+
+    k: jax.Array
+    v: jax.Array
+    valid: jax.Array
+    index: jax.Array
+
+    @classmethod
+    def empty(cls, config: ModelConfig, batch: int, length: int) -> "KVCache":
+        shape = (config.num_layers, batch, length, config.num_kv_heads, config.head_dim)
+        zeros = jnp.zeros(shape, jnp.dtype(config.dtype))
+        return cls(zeros, zeros, jnp.zeros((batch, length), bool), jnp.zeros((), jnp.int32))
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm computed in float32 and cast back, as transformers does."""
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return weight.astype(x.dtype) * normed.astype(x.dtype)
+
+
+def segment_positions(segment_ids: jax.Array) -> jax.Array:
+    """Position of each token within its segment (packed sequences restart at 0)."""
+    length = segment_ids.shape[-1]
+    idx = jnp.broadcast_to(jnp.arange(length), segment_ids.shape)
+    starts = jnp.concatenate(
+        [jnp.ones_like(segment_ids[..., :1], bool), segment_ids[..., 1:] != segment_ids[..., :-1]],
+        axis=-1,
+    )
+    return idx - jax.lax.cummax(jnp.where(starts, idx, 0), axis=segment_ids.ndim - 1)
+
+
+def _attend(q, k, v, mask):
+    """GQA attention; `mask [B, T, S]` True where a query may attend a key."""
+    return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None, :, :])
+
+
+def _layer(config: ModelConfig, p: dict, x, cos, sin, mask, kv_write):
+    """One pre-norm block. `kv_write(k, v) -> (k_all, v_all, cache_out)` splices in the cache."""
+    dtype = jnp.dtype(config.dtype)
+    w = {name: value.astype(dtype) for name, value in p.items()}
+    h = rms_norm(x, w["input_norm"], config.rms_norm_eps)
+    q = jnp.einsum("btd,dnh->btnh", h, w["q_proj"])
+    k = jnp.einsum("btd,dkh->btkh", h, w["k_proj"])
+    v = jnp.einsum("btd,dkh->btkh", h, w["v_proj"])
+    if config.qk_norm:
+        q = rms_norm(q, w["q_norm"], config.rms_norm_eps)
+        k = rms_norm(k, w["k_norm"], config.rms_norm_eps)
+    q = apply_rope(q, cos, sin)
+    k = apply_rope(k, cos, sin)
+    k_all, v_all, cache_out = kv_write(k, v)
+    attn = _attend(q, k_all, v_all, mask)
+    x = x + jnp.einsum("btnh,nhd->btd", attn, w["o_proj"])
+    h = rms_norm(x, w["post_attention_norm"], config.rms_norm_eps)
+    gate = jnp.einsum("btd,df->btf", h, w["gate_proj"])
+    up = jnp.einsum("btd,df->btf", h, w["up_proj"])
+    x = x + jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, w["down_proj"])
+    return x, cache_out
+
+
+_REMAT = {
+    "full": None,
+    "dots_saveable": jax.checkpoint_policies.dots_saveable,
+    "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+class Decoder(nnx.Module):
+    """Qwen3 / Llama 3 causal LM.
+
+    Call: `model(tokens [B, T], positions=None, attention_mask=None, segment_ids=None,
+    cache=None)`. Without a cache it returns logits `[B, T, padded_vocab]` (float32); with a
+    cache it returns `(logits, new_cache)`.
+
+    `attention_mask` is either `[B, T]` (1 for real tokens; padding is never attended) or an
+    explicit `[B, T, S]` boolean mask (S = T without a cache, the cache length with one), used
+    as given: that is how tree masks are expressed. Default positions count the real tokens
+    before each one, so left- and right-padded batches both get the positions of their
+    unpadded rows.
+    """
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        pdtype = jnp.dtype(config.param_dtype)
+        init = jax.nn.initializers.normal(0.02)
+        vocab = config.padded_vocab_size
+        self.embed = nnx.Param(
+            _zero_padded_rows(init(rngs.params(), (vocab, config.hidden_size), pdtype), config),
+            logical_axes=("vocab", "embed"),
+        )
+        layers = {}
+        for name in layer_param_names(config):
+            shape_fn, axes = _LAYER_PARAMS[name]
+            shape = (config.num_layers, *shape_fn(config))
+            value = (jnp.ones(shape, pdtype) if name in _NORMS
+                     else init(rngs.params(), shape, pdtype))
+            layers[name] = nnx.Param(value, logical_axes=("layers", *axes))
+        self.layers = nnx.Dict(layers)
+        self.final_norm = nnx.Param(jnp.ones((config.hidden_size,), pdtype),
+                                    logical_axes=("embed",))
+        if not config.tie_word_embeddings:
+            head = init(rngs.params(), (config.hidden_size, vocab), pdtype)
+            head = head.at[:, config.vocab_size:].set(0)
+            self.lm_head = nnx.Param(head, logical_axes=("embed", "vocab"))
+
+    # ----------------------------------------------------------------------- forward
+    def __call__(self, tokens, positions=None, attention_mask=None, segment_ids=None, cache=None):
+        hidden, new_cache = self.hidden_states(tokens, positions, attention_mask, segment_ids, cache)
+        logits = self.logits(hidden)
+        return logits if cache is None else (logits, new_cache)
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """Final-norm hidden states -> float32 logits, padded vocabulary masked."""
+        cfg = self.config
+        if cfg.tie_word_embeddings:
+            head = self.embed[...].T
+        else:
+            head = self.lm_head[...]
+        out = jnp.einsum("btd,dv->btv", hidden, head.astype(hidden.dtype),
+                         preferred_element_type=jnp.float32)
+        if cfg.padded_vocab_size != cfg.vocab_size:
+            out = jnp.where(jnp.arange(out.shape[-1]) < cfg.vocab_size, out, MASKED_LOGIT)
+        return out
+
+    def hidden_states(self, tokens, positions=None, attention_mask=None, segment_ids=None,
+                      cache=None):
+        """The final-normed hidden states `[B, T, D]` and the updated cache (or None).
+
+        Exposed so losses can project to the vocabulary in chunks instead of holding
+        `[B, T, V]` logits whole.
+        """
+        cfg = self.config
+        dtype = jnp.dtype(cfg.dtype)
+        batch, length = tokens.shape
+        explicit_mask = attention_mask is not None and attention_mask.ndim == 3
+        token_valid = (jnp.ones((batch, length), bool) if attention_mask is None or explicit_mask
+                       else attention_mask.astype(bool))
+
+        if cache is None:
+            slot_valid, offset, before = token_valid, 0, 0
+        else:
+            slots = jnp.arange(cache.valid.shape[1])
+            in_chunk = (slots >= cache.index) & (slots < cache.index + length)
+            written = jax.lax.dynamic_update_slice(
+                jnp.zeros_like(cache.valid), token_valid, (0, cache.index))
+            slot_valid = jnp.where(in_chunk[None, :], written, cache.valid)
+            offset = cache.index
+            before = jnp.sum(cache.valid & (slots < cache.index)[None, :], axis=1, keepdims=True)
+
+        if positions is None:
+            if segment_ids is not None:
+                positions = segment_positions(segment_ids)
+            else:
+                positions = before + jnp.cumsum(token_valid, axis=1) - 1
+                positions = jnp.maximum(positions, 0)
+
+        if explicit_mask:
+            mask = attention_mask.astype(bool)
+        else:
+            query_slot = offset + jnp.arange(length)
+            key_slot = jnp.arange(slot_valid.shape[1])
+            mask = (key_slot[None, :] <= query_slot[:, None])[None] & slot_valid[:, None, :]
+            if segment_ids is not None:
+                if cache is not None:
+                    raise ValueError("segment_ids with a KV cache are not supported; pass a mask")
+                mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :])
+
+        cos, sin = rope_tables(positions, inverse_frequencies(cfg.rope, cfg.head_dim))
+        x = self.embed[...].astype(dtype)[tokens]
+        params = {name: p[...] for name, p in self.layers.items()}
+
+        def body(x, layer):
+            p, k_cache, v_cache = layer
+            if k_cache is None:
+                def kv_write(k, v):
+                    return k, v, None
+            else:
+                def kv_write(k, v):
+                    k_all = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype),
+                                                         (0, offset, 0, 0))
+                    v_all = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype),
+                                                         (0, offset, 0, 0))
+                    return k_all.astype(dtype), v_all.astype(dtype), (k_all, v_all)
+            return _layer(cfg, p, x, cos, sin, mask, kv_write)
+
+        if cfg.remat != "none":
+            body = jax.checkpoint(body, policy=_REMAT[cfg.remat])
+
+        kv = (None, None) if cache is None else (cache.k, cache.v)
+        if cfg.scan_layers:
+            x, stacked = jax.lax.scan(body, x, (params, *kv))
+        else:
+            outs = []
+            for i in range(cfg.num_layers):
+                layer = jax.tree.map(lambda a: a[i], (params, *kv))
+                x, out = body(x, layer)
+                outs.append(out)
+            stacked = None if cache is None else jax.tree.map(lambda *a: jnp.stack(a), *outs)
+
+        hidden = rms_norm(x, self.final_norm[...], cfg.rms_norm_eps)
+        if cache is None:
+            return hidden, None
+        k_new, v_new = stacked
+        return hidden, KVCache(k_new, v_new, slot_valid, cache.index + length)
+
+
+def _zero_padded_rows(embed: jax.Array, config: ModelConfig) -> jax.Array:
+    return embed.at[config.vocab_size:].set(0)
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def _init_state(config: ModelConfig, key: jax.Array):
+    return nnx.state(Decoder(config, rngs=nnx.Rngs(params=key)))
+
+
+def init_model(config: ModelConfig, seed: int = 0) -> Decoder:
+    """A randomly initialised decoder (weights built under jit, so large inits are fast)."""
+    abstract = nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(0)))
+    graphdef, _ = nnx.split(abstract)
+    return nnx.merge(graphdef, _init_state(config, jax.random.key(seed)))

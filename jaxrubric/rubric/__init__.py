@@ -1,0 +1,1 @@
+"""Rubrics: the grammar of generated rubrics, their parsing, verification and scoring."""

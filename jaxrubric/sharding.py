@@ -1,0 +1,154 @@
+"""Meshes and the one table that maps logical parameter axes to mesh axes.
+
+Models name their axes (`vocab`, `embed`, `heads`, ...); this module alone decides where those
+go on the `data` x `fsdp` x `tensor` mesh. A logical axis whose mesh axes do not divide the
+dimension (e.g. one kv head on a 4-way tensor axis) stays replicated rather than failing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+Rules = tuple[tuple[str, str | tuple[str, ...] | None], ...]
+
+# Training: parameters sharded FSDP-style over `fsdp`, tensor-parallel over `tensor`.
+TRAINING_RULES: Rules = (
+    ("batch", ("data", "fsdp")),
+    ("vocab", "tensor"),
+    ("embed", "fsdp"),
+    ("heads", "tensor"),
+    ("kv_heads", "tensor"),
+    ("mlp", "tensor"),
+    ("head_dim", None),
+    ("layers", None),
+)
+
+# Sampling: weights whole on every data/fsdp replica (no per-token all-gathers while decoding),
+# still tensor-parallel.
+SAMPLING_RULES: Rules = tuple(
+    (name, None if name == "embed" else axes) for name, axes in TRAINING_RULES
+)
+
+
+def make_mesh(shape: Mapping[str, int] | Sequence[int] | None = None,
+              devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A mesh over (`data`, `fsdp`, `tensor`); one entry may be -1 for "the remaining devices".
+
+    Axes are `AxisType.Auto`: jax's default `Explicit` axes reject sharded contractions.
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    if shape is None:
+        sizes = [1, len(devices), 1]
+    elif isinstance(shape, Mapping):
+        unknown = set(shape) - set(MESH_AXES)
+        if unknown:
+            raise ValueError(f"unknown mesh axes {sorted(unknown)}; axes are {MESH_AXES}")
+        sizes = [int(shape.get(a, 1)) for a in MESH_AXES]
+    else:
+        sizes = [int(s) for s in shape]
+        if len(sizes) != len(MESH_AXES):
+            raise ValueError(f"mesh shape {tuple(sizes)} must give one size per axis {MESH_AXES}")
+    if sizes.count(-1) > 1:
+        raise ValueError(f"at most one mesh axis may be -1, got {sizes}")
+    if -1 in sizes:
+        known = math.prod(s for s in sizes if s != -1)
+        if len(devices) % known:
+            raise ValueError(f"mesh {sizes} does not divide {len(devices)} devices")
+        sizes[sizes.index(-1)] = len(devices) // known
+    if math.prod(sizes) != len(devices):
+        raise ValueError(
+            f"mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices, "
+            f"{len(devices)} available"
+        )
+    return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
+                         devices=devices)
+
+
+def single_device_mesh(device: jax.Device | None = None) -> Mesh:
+    return make_mesh((1, 1, 1), devices=[device or jax.devices()[0]])
+
+
+def logical_to_spec(logical_axes: Sequence[str | None], shape: Sequence[int], mesh: Mesh,
+                    rules: Rules = TRAINING_RULES) -> PartitionSpec:
+    """The PartitionSpec for one array: each logical axis gets the mesh axes the rules give it,
+    unless they do not divide the dimension or are already used by an earlier axis."""
+    table = dict(rules)
+    used: set[str] = set()
+    spec = []
+    for name, dim in zip(logical_axes, shape, strict=True):
+        target = table.get(name) if name is not None else None
+        axes = (target,) if isinstance(target, str) else tuple(target or ())
+        axes = tuple(a for a in axes if a not in used and mesh.shape.get(a, 1) > 1)
+        size = math.prod(mesh.shape[a] for a in axes)
+        if not axes or dim % size:
+            spec.append(None)
+            continue
+        used.update(axes)
+        spec.append(axes[0] if len(axes) == 1 else axes)
+    return PartitionSpec(*spec)
+
+
+def vocab_multiple(mesh: Mesh | None, rules: Rules = TRAINING_RULES) -> int:
+    """How many ways the vocabulary axis is split: the vocabulary is padded to a multiple."""
+    if mesh is None:
+        return 1
+    target = dict(rules).get("vocab")
+    axes = (target,) if isinstance(target, str) else tuple(target or ())
+    return math.prod(mesh.shape.get(a, 1) for a in axes)
+
+
+def variable_sharding(variable: nnx.Variable, mesh: Mesh, rules: Rules = TRAINING_RULES
+                      ) -> NamedSharding:
+    axes = variable.get_metadata().get("logical_axes")
+    shape = variable.shape
+    if axes is None:
+        return NamedSharding(mesh, PartitionSpec())
+    return NamedSharding(mesh, logical_to_spec(axes, shape, mesh, rules))
+
+
+def state_shardings(state: nnx.State, mesh: Mesh, rules: Rules = TRAINING_RULES) -> nnx.State:
+    """The NamedSharding of every variable in an (abstract or concrete) state."""
+    return jax.tree.map(
+        lambda v: v.replace(variable_sharding(v, mesh, rules)),
+        state, is_leaf=lambda x: isinstance(x, nnx.Variable),
+    )
+
+
+def shard_model(model: nnx.Module, mesh: Mesh, rules: Rules = TRAINING_RULES) -> nnx.Module:
+    """Places every parameter of `model` on `mesh` by the rules table (in place, returned)."""
+    state = nnx.state(model)
+    shardings = state_shardings(state, mesh, rules)
+    nnx.update(model, jax.device_put(state, shardings))
+    return model
+
+
+def batch_sharding(mesh: Mesh, ndim: int, rules: Rules = TRAINING_RULES) -> NamedSharding:
+    """Leading (batch) dimension split over the batch mesh axes, the rest replicated."""
+    target = dict(rules).get("batch")
+    axes = (target,) if isinstance(target, str) else tuple(target or ())
+    axes = tuple(a for a in axes if mesh.shape.get(a, 1) > 1)
+    lead = None if not axes else (axes[0] if len(axes) == 1 else axes)
+    return NamedSharding(mesh, PartitionSpec(lead, *([None] * (ndim - 1))))
+
+
+def assemble_array(shape: tuple[int, ...], dtype: np.dtype, sharding: NamedSharding,
+                   fill_shard) -> jax.Array:
+    """Builds a global array shard by shard: `fill_shard(index) -> np.ndarray` gives the host
+    data of one device's slice. Equal slices (replicas) are read once."""
+    index_map = sharding.addressable_devices_indices_map(shape)
+    cache: dict[tuple, np.ndarray] = {}
+    pieces = []
+    for device, index in index_map.items():
+        key = tuple((s.start, s.stop) for s in index)
+        if key not in cache:
+            cache[key] = np.ascontiguousarray(fill_shard(index), dtype=dtype)
+        pieces.append(jax.device_put(cache[key], device))
+    return jax.make_array_from_single_device_arrays(shape, sharding, pieces)
