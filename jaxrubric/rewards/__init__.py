@@ -1,0 +1,1 @@
+"""Generator rewards for DynamicRubric and GenRubric."""

@@ -1,0 +1,1 @@
+"""Reinforcement learning: GRPO advantages, losses and updates."""
