@@ -130,11 +130,20 @@ def shard_model(model: nnx.Module, mesh: Mesh, rules: Rules = TRAINING_RULES) ->
     return model
 
 
-def batch_sharding(mesh: Mesh, ndim: int, rules: Rules = TRAINING_RULES) -> NamedSharding:
-    """Leading (batch) dimension split over the batch mesh axes, the rest replicated."""
+def _batch_axes(mesh: Mesh, rules: Rules) -> tuple[str, ...]:
     target = dict(rules).get("batch")
     axes = (target,) if isinstance(target, str) else tuple(target or ())
-    axes = tuple(a for a in axes if mesh.shape.get(a, 1) > 1)
+    return tuple(a for a in axes if mesh.shape.get(a, 1) > 1)
+
+
+def batch_ways(mesh: Mesh, rules: Rules = TRAINING_RULES) -> int:
+    """How many ways the batch is split: batch sizes must be a multiple of it."""
+    return math.prod(mesh.shape[a] for a in _batch_axes(mesh, rules))
+
+
+def batch_sharding(mesh: Mesh, ndim: int, rules: Rules = TRAINING_RULES) -> NamedSharding:
+    """Leading (batch) dimension split over the batch mesh axes, the rest replicated."""
+    axes = _batch_axes(mesh, rules)
     lead = None if not axes else (axes[0] if len(axes) == 1 else axes)
     return NamedSharding(mesh, PartitionSpec(lead, *([None] * (ndim - 1))))
 
