@@ -107,10 +107,7 @@ def _prefill(graphdef, state, tokens, mask, *, cache_len: int, num_samples: int)
     cache = KVCache.empty(model.config, tokens.shape[0], cache_len)
     hidden, cache = model.hidden_states(tokens, attention_mask=mask, cache=cache)
     logits = model.logits(hidden[:, -1:])[:, 0]
-    repeat = functools.partial(jnp.repeat, repeats=num_samples, axis=0)
-    cache = KVCache(jnp.repeat(cache.k, num_samples, axis=1),
-                    jnp.repeat(cache.v, num_samples, axis=1), repeat(cache.valid), cache.index)
-    return cache, repeat(logits)
+    return cache.repeat(num_samples), jnp.repeat(logits, num_samples, axis=0)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "params", "num_samples", "max_len"),
@@ -119,7 +116,7 @@ def _decode(graphdef, state, cache, logits, positions, rng, temperature, top_p, 
             max_new_tokens, grammar, *, params: SamplingParams, num_samples: int, max_len: int):
     """Decodes up to `max_new_tokens` (<= max_len) tokens for every row; returns the samples and
     the final cache (so the donated input cache is updated in place)."""
-    model = nnx.merge(graphdef, state)
+    model = nnx.merge(graphdef, state).unstacked()
     rows = logits.shape[0]
     pad = jnp.int32(0)
     g_state = jnp.full((rows,), grammar.start_state if params.constrained else 0, jnp.int32)

@@ -50,22 +50,30 @@ def layer_param_names(config: ModelConfig) -> tuple[str, ...]:
 
 
 class KVCache(NamedTuple):
-    """Keys/values of every layer `[layers, B, S, kv_heads, head_dim]`.
+    """Keys/values, one array per layer `[B, kv_heads, S, head_dim]`.
 
-    `valid [B, S]` marks slots that hold real tokens (left padding stays invalid); `index` is the
-    next slot to write, shared by the batch (rows advance in lockstep).
+    One array per layer (not one stacked array) so each layer's new entries are written in
+    place inside a decode loop instead of copying the whole cache every step. `valid [B, S]`
+    marks slots that hold real tokens (left padding stays invalid); `index` is the next slot
+    to write, shared by the batch (rows advance in lockstep).
     """
 
-    k: jax.Array
-    v: jax.Array
+    k: tuple[jax.Array, ...]
+    v: tuple[jax.Array, ...]
     valid: jax.Array
     index: jax.Array
 
     @classmethod
     def empty(cls, config: ModelConfig, batch: int, length: int) -> "KVCache":
-        shape = (config.num_layers, batch, length, config.num_kv_heads, config.head_dim)
-        zeros = jnp.zeros(shape, jnp.dtype(config.dtype))
+        shape = (batch, config.num_kv_heads, length, config.head_dim)
+        zeros = tuple(jnp.zeros(shape, jnp.dtype(config.dtype)) for _ in range(config.num_layers))
         return cls(zeros, zeros, jnp.zeros((batch, length), bool), jnp.zeros((), jnp.int32))
+
+    def repeat(self, times: int) -> "KVCache":
+        """Each row copied `times` times (consecutively): K samples continuing one prompt."""
+        rep = functools.partial(jnp.repeat, repeats=times, axis=0)
+        return KVCache(tuple(map(rep, self.k)), tuple(map(rep, self.v)), rep(self.valid),
+                       self.index)
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
@@ -86,9 +94,24 @@ def segment_positions(segment_ids: jax.Array) -> jax.Array:
     return idx - jax.lax.cummax(jnp.where(starts, idx, 0), axis=segment_ids.ndim - 1)
 
 
-def _attend(q, k, v, mask):
-    """GQA attention; `mask [B, T, S]` True where a query may attend a key."""
-    return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None, :, :])
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """Grouped-query attention, the einsum form XLA lowers well on CPU, GPU and TPU.
+
+    `q [B, T, heads, D]`; `k`, `v [B, kv_heads, S, D]` (the KV-cache layout, so decoding reads
+    the cache without transposing it); `mask [B, T, S]` True where a query may attend a key.
+    Query heads are grouped under their kv head, never materialising repeated keys. A query
+    with nothing to attend (padding) gets a uniform average rather than NaN.
+    """
+    b, t, n, d = q.shape
+    kv = k.shape[1]
+    q = q.reshape(b, t, kv, n // kv, d).transpose(0, 2, 3, 1, 4).reshape(b, kv, n // kv * t, d)
+    scores = jnp.einsum("bkqd,bksd->bkqs", q, k, preferred_element_type=jnp.float32)
+    scores = scores * (d ** -0.5)
+    scores = scores.reshape(b, kv, n // kv, t, -1)
+    scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(b, kv, n // kv * t, -1)
+    out = jnp.einsum("bkqs,bksd->bkqd", probs, v)
+    return out.reshape(b, kv, n // kv, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, n, d)
 
 
 def _layer(config: ModelConfig, p: dict, x, cos, sin, mask, kv_write):
@@ -103,9 +126,10 @@ def _layer(config: ModelConfig, p: dict, x, cos, sin, mask, kv_write):
         q = rms_norm(q, w["q_norm"], config.rms_norm_eps)
         k = rms_norm(k, w["k_norm"], config.rms_norm_eps)
     q = apply_rope(q, cos, sin)
-    k = apply_rope(k, cos, sin)
+    k = apply_rope(k, cos, sin).transpose(0, 2, 1, 3)  # [B, kv_heads, T, D]
+    v = v.transpose(0, 2, 1, 3)
     k_all, v_all, cache_out = kv_write(k, v)
-    attn = _attend(q, k_all, v_all, mask)
+    attn = attention(q, k_all, v_all, mask)
     x = x + jnp.einsum("btnh,nhd->btd", attn, w["o_proj"])
     h = rms_norm(x, w["post_attention_norm"], config.rms_norm_eps)
     gate = jnp.einsum("btd,df->btf", h, w["gate_proj"])
@@ -223,41 +247,58 @@ class Decoder(nnx.Module):
 
         cos, sin = rope_tables(positions, inverse_frequencies(cfg.rope, cfg.head_dim))
         x = self.embed[...].astype(dtype)[tokens]
-        params = {name: p[...] for name, p in self.layers.items()}
 
-        def body(x, layer):
-            p, k_cache, v_cache = layer
-            if k_cache is None:
-                def kv_write(k, v):
+        def body(x, p, k_cache=None, v_cache=None):
+            def kv_write(k, v):
+                if k_cache is None:
                     return k, v, None
-            else:
-                def kv_write(k, v):
-                    k_all = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype),
-                                                         (0, offset, 0, 0))
-                    v_all = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype),
-                                                         (0, offset, 0, 0))
-                    return k_all.astype(dtype), v_all.astype(dtype), (k_all, v_all)
+                k_all = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype),
+                                                     (0, 0, offset, 0))
+                v_all = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype),
+                                                     (0, 0, offset, 0))
+                return k_all.astype(dtype), v_all.astype(dtype), (k_all, v_all)
             return _layer(cfg, p, x, cos, sin, mask, kv_write)
 
         if cfg.remat != "none":
             body = jax.checkpoint(body, policy=_REMAT[cfg.remat])
 
-        kv = (None, None) if cache is None else (cache.k, cache.v)
-        if cfg.scan_layers:
-            x, stacked = jax.lax.scan(body, x, (params, *kv))
+        if cache is None and cfg.scan_layers and not isinstance(self.layers, nnx.List):
+            x, _ = jax.lax.scan(lambda x, p: (body(x, p)[0], None), x,
+                                {name: p[...] for name, p in self.layers.items()})
+            new_kv = None
         else:
-            outs = []
+            # Unrolled: always with a cache, whose per-layer arrays are updated in place.
+            new_kv = []
             for i in range(cfg.num_layers):
-                layer = jax.tree.map(lambda a: a[i], (params, *kv))
-                x, out = body(x, layer)
-                outs.append(out)
-            stacked = None if cache is None else jax.tree.map(lambda *a: jnp.stack(a), *outs)
+                kv = () if cache is None else (cache.k[i], cache.v[i])
+                x, out = body(x, self._layer_weights(i), *kv)
+                new_kv.append(out)
 
         hidden = rms_norm(x, self.final_norm[...], cfg.rms_norm_eps)
         if cache is None:
             return hidden, None
-        k_new, v_new = stacked
+        k_new, v_new = (tuple(t) for t in zip(*new_kv))
         return hidden, KVCache(k_new, v_new, slot_valid, cache.index + length)
+
+    def _layer_weights(self, i: int) -> dict[str, jax.Array]:
+        if isinstance(self.layers, nnx.List):
+            return {name: p[...] for name, p in self.layers[i].items()}
+        return {name: p[...][i] for name, p in self.layers.items()}
+
+    def unstacked(self) -> "Decoder":
+        """A view of this model with one weight array per layer instead of stacked arrays.
+
+        Decode loops call it once, outside the loop: slicing a stacked weight inside the loop
+        would copy every layer's weights at every step.
+        """
+        graphdef, state = nnx.split(self)
+        view = nnx.merge(graphdef, state)
+        view.layers = nnx.List([
+            nnx.Dict({name: nnx.Param(p[...][i], logical_axes=p.get_metadata()["logical_axes"][1:])
+                      for name, p in self.layers.items()})
+            for i in range(self.config.num_layers)
+        ])
+        return view
 
 
 def _zero_padded_rows(embed: jax.Array, config: ModelConfig) -> jax.Array:
