@@ -1,0 +1,238 @@
+"""Rubric verification: yes/no probabilities for every item of every rubric group, per response.
+
+The verifier prompt puts the criterion last (`jaxrubric.rubric.templates.verifier_messages`),
+so for one (prompt, response) everything before the criterion is a prefix shared by all
+G x M items. `verify` runs ONE forward per (prompt, response) over that prefix followed by
+every item as a branch of a tree: a branch is the item's tokens plus the template's suffix
+(end of the user turn, start of the assistant turn), it attends to the prefix and to itself,
+and its positions continue from the prefix end, so each branch computes exactly what the
+plain sequence prefix + item + suffix would. The answer is read at each branch's last token.
+`verify_per_item` runs those plain sequences one by one (batched): the reference and the
+baseline the tree is measured against (`benchmarks/verifier.py`).
+
+Layout of one tree row (static length ``Lp + G*M*(Li + S)``): the prefix left-aligned in
+``Lp`` slots, then one fixed slot of ``Li + S`` per item: its tokens left-aligned in ``Li``,
+the suffix in the last ``S``. Padding is never attended and gets no position, so answer
+positions are static. Invalid items still occupy their slot; their outputs are zeroed.
+
+Only the answer positions are projected to the vocabulary (``[.., G*M, V]``, never
+``[.., L, V]``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.typing import ArrayLike
+
+from jaxrubric.models.transformer import Decoder
+from jaxrubric.rubric.grammar import token_bytes
+from jaxrubric.rubric.templates import Packed, TokenTemplate, assemble, compact, verifier_template
+
+_YES = (b"yes", b"Yes", b"YES")
+_NO = (b"no", b"No", b"NO")
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=[],
+                   meta_fields=["suffix", "yes_ids", "no_ids"])
+@dataclasses.dataclass(frozen=True)
+class VerifierReadout:
+    """What a verifier needs besides the model: the branch suffix and the answer token ids.
+
+    ``suffix`` follows every criterion and ends at the answer position. A pytree without
+    leaves (its ids are static), so it can be passed straight to jitted functions.
+    """
+
+    suffix: tuple[int, ...]
+    yes_ids: tuple[int, ...]
+    no_ids: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not self.suffix:
+            raise ValueError("the branch suffix is empty: nothing to read the answer at")
+        if not self.yes_ids or not self.no_ids:
+            raise ValueError("need at least one yes id and one no id")
+
+
+class Verdicts(NamedTuple):
+    """``p_yes [B, K, G, M]`` float32 and ``verdicts`` (``p_yes > 0.5``); 0/False if invalid."""
+
+    p_yes: jax.Array
+    verdicts: jax.Array
+
+
+def yes_no_token_ids(tokenizer: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Every single token that spells yes / Yes / YES (and no / No / NO), with or without
+    surrounding whitespace (``yes``, ``Ġyes``, ``▁Yes``); special tokens excluded.
+
+    Raises ValueError when the vocabulary has no single-token yes or no.
+    """
+    pieces = token_bytes(tokenizer)
+    yes = tuple(i for i, p in enumerate(pieces) if p is not None and p.strip() in _YES)
+    no = tuple(i for i, p in enumerate(pieces) if p is not None and p.strip() in _NO)
+    if not yes or not no:
+        raise ValueError(f"the vocabulary needs single-token yes and no, found {len(yes)} yes "
+                         f"and {len(no)} no tokens")
+    return yes, no
+
+
+def verifier_readout(tokenizer: Any, template: TokenTemplate | None = None) -> VerifierReadout:
+    """The readout of ``template`` (default: `verifier_template` of the tokenizer)."""
+    template = verifier_template(tokenizer) if template is None else template
+    yes, no = yes_no_token_ids(tokenizer)
+    return VerifierReadout(template.segments[-1], yes, no)
+
+
+def verifier_prefix(template: TokenTemplate, prompt: ArrayLike, prompt_lengths: ArrayLike,
+                    responses: ArrayLike, response_lengths: ArrayLike, *,
+                    pad_id: int = 0) -> Packed:
+    """Shared prefixes ``[B, K, Lpre]`` (left-aligned): the verifier template up to the
+    criterion, with prompt ``[B, Lp]`` (``prompt_lengths [B]``) and responses ``[B, K, Lr]``
+    (``response_lengths [B, K]``) spliced in. Jittable.
+    """
+    prompt = jnp.asarray(prompt)[:, None]
+    prompt_lengths = jnp.asarray(prompt_lengths)[:, None]
+    return assemble(template.head(2), [prompt, responses], [prompt_lengths, response_lengths],
+                    pad_id=pad_id, align="left")
+
+
+def yes_probability(logits: ArrayLike, yes_ids: ArrayLike, no_ids: ArrayLike) -> jax.Array:
+    """``P(yes) / (P(yes) + P(no))`` from logits ``[..., V]``, summing every yes / no id."""
+    logits = jnp.asarray(logits, jnp.float32)
+    log_yes = jax.nn.logsumexp(logits[..., jnp.asarray(yes_ids)], axis=-1)
+    log_no = jax.nn.logsumexp(logits[..., jnp.asarray(no_ids)], axis=-1)
+    return jax.nn.sigmoid(log_yes - log_no)
+
+
+def tree_inputs(prefix_tokens: ArrayLike, prefix_lengths: ArrayLike, items: ArrayLike,
+                item_lengths: ArrayLike, suffix: ArrayLike, *, pad_id: int = 0
+                ) -> tuple[jax.Array, jax.Array, jax.Array, np.ndarray]:
+    """Tree rows for `verify`: tokens and positions ``[B, K, L]``, mask ``[B, K, L, L]``, and
+    the static answer index of every item ``[G*M]`` (see the module docstring for the layout).
+
+    Inputs: prefix ``[B, K, Lp]`` with ``prefix_lengths [B, K]``, items ``[B, G, M, Li]``
+    with ``item_lengths [B, G, M]``, suffix ``[S]``.
+    """
+    prefix_tokens = jnp.asarray(prefix_tokens, jnp.int32)
+    prefix_lengths = jnp.asarray(prefix_lengths, jnp.int32)
+    items = jnp.asarray(items, jnp.int32)
+    item_lengths = jnp.asarray(item_lengths, jnp.int32)
+    suffix = jnp.asarray(suffix, jnp.int32)
+    batch, num_responses, prefix_len = prefix_tokens.shape
+    _, groups, num_items, item_len = items.shape
+    width = item_len + suffix.shape[0]
+    branches = groups * num_items
+
+    slot = jnp.arange(width)
+    in_item = slot < item_len
+    lengths = item_lengths[..., None]
+    real_branch = jnp.where(in_item, slot < lengths, True)  # [B, G, M, W]
+    offset = jnp.where(in_item, slot, lengths + slot - item_len)
+    branch_tokens = jnp.concatenate(
+        [jnp.where(slot[:item_len] < lengths, items, pad_id),
+         jnp.broadcast_to(suffix, (batch, groups, num_items, suffix.shape[0]))], axis=-1)
+
+    def rows(x: jax.Array) -> jax.Array:  # [B, G, M, W] -> [B, 1, G*M*W]
+        return x.reshape(batch, 1, branches * width)
+
+    n = prefix_lengths[..., None]
+    prefix_idx = jnp.arange(prefix_len)
+    tokens = jnp.concatenate(
+        [jnp.where(prefix_idx < n, prefix_tokens, pad_id),
+         jnp.broadcast_to(rows(branch_tokens), (batch, num_responses, branches * width))], axis=-1)
+    positions = jnp.concatenate(
+        [jnp.broadcast_to(prefix_idx, prefix_tokens.shape), n + rows(offset)], axis=-1)
+    real = jnp.concatenate(
+        [prefix_idx < n,
+         jnp.broadcast_to(rows(real_branch), (batch, num_responses, branches * width))], axis=-1)
+
+    idx = jnp.arange(tokens.shape[-1])
+    branch_of = jnp.where(idx < prefix_len, -1, (idx - prefix_len) // width)
+    structure = (idx[None, :] <= idx[:, None]) & (
+        (branch_of[None, :] == -1) | (branch_of[None, :] == branch_of[:, None]))
+    # Padding queries see themselves, so no softmax row is empty.
+    mask = (structure & real[..., None, :]) | (idx[None, :] == idx[:, None])
+    answers = prefix_len + np.arange(branches) * width + width - 1
+    return tokens, positions, mask, answers
+
+
+def answer_logits(model: Decoder, prefix_tokens: ArrayLike, prefix_lengths: ArrayLike,
+                  items: ArrayLike, item_lengths: ArrayLike, suffix: ArrayLike, *,
+                  pad_id: int = 0) -> jax.Array:
+    """Logits ``[B, K, G, M, V]`` at every item's answer position, from one tree forward per
+    (prompt, response). Shapes as in `tree_inputs`; jittable.
+    """
+    tokens, positions, mask, answers = tree_inputs(prefix_tokens, prefix_lengths, items,
+                                                   item_lengths, suffix, pad_id=pad_id)
+    batch, num_responses, length = tokens.shape
+    groups, num_items = jnp.shape(items)[1:3]
+    flat = batch * num_responses
+    hidden, _ = model.hidden_states(tokens.reshape(flat, length),
+                                    positions=positions.reshape(flat, length),
+                                    attention_mask=mask.reshape(flat, length, length))
+    logits = model.logits(hidden[:, answers])
+    return logits.reshape(batch, num_responses, groups, num_items, -1)
+
+
+def answer_logits_per_item(model: Decoder, prefix_tokens: ArrayLike, prefix_lengths: ArrayLike,
+                           items: ArrayLike, item_lengths: ArrayLike, suffix: ArrayLike, *,
+                           pad_id: int = 0) -> jax.Array:
+    """As `answer_logits`, but every prefix + item + suffix is its own sequence (batched)."""
+    prefix_tokens = jnp.asarray(prefix_tokens, jnp.int32)
+    items = jnp.asarray(items, jnp.int32)
+    suffix = jnp.asarray(suffix, jnp.int32)
+    batch, num_responses, prefix_len = prefix_tokens.shape
+    _, groups, num_items, item_len = items.shape
+    shape = (batch, num_responses, groups, num_items)
+    parts = [
+        jnp.broadcast_to(prefix_tokens[:, :, None, None], (*shape, prefix_len)),
+        jnp.broadcast_to(items[:, None], (*shape, item_len)),
+        jnp.broadcast_to(suffix, (*shape, suffix.shape[0])),
+    ]
+    valid = [
+        jnp.arange(prefix_len) < jnp.asarray(prefix_lengths)[:, :, None, None, None],
+        jnp.arange(item_len) < jnp.asarray(item_lengths)[:, None, ..., None],
+        jnp.ones((suffix.shape[0],), bool),
+    ]
+    valid = [jnp.broadcast_to(v, p.shape) for v, p in zip(valid, parts)]
+    packed = compact(jnp.concatenate(parts, -1), jnp.concatenate(valid, -1), pad_id=pad_id)
+    length = packed.tokens.shape[-1]
+    hidden, _ = model.hidden_states(packed.tokens.reshape(-1, length),
+                                    attention_mask=packed.mask.reshape(-1, length))
+    last = jnp.take_along_axis(hidden, (packed.lengths.reshape(-1) - 1)[:, None, None], axis=1)
+    return model.logits(last).reshape(*shape, -1)
+
+
+def _verdicts(logits: jax.Array, valid: ArrayLike, readout: VerifierReadout) -> Verdicts:
+    p_yes = yes_probability(logits, readout.yes_ids, readout.no_ids)
+    valid = jnp.asarray(valid, bool)[:, None]
+    return Verdicts(jnp.where(valid, p_yes, 0.0), valid & (p_yes > 0.5))
+
+
+def verify(model: Decoder, readout: VerifierReadout, prefix_tokens: ArrayLike,
+           prefix_lengths: ArrayLike, items: ArrayLike, item_lengths: ArrayLike,
+           valid: ArrayLike, *, pad_id: int = 0) -> Verdicts:
+    """Judges every response under every item with one tree forward per (prompt, response).
+
+    ``prefix_tokens [B, K, Lp]`` / ``prefix_lengths [B, K]`` (from `verifier_prefix`);
+    ``items [B, G, M, Li]``, ``item_lengths`` and ``valid [B, G, M]`` (from
+    `jaxrubric.rubric.grammar.parse_rubric_tokens`). Returns ``[B, K, G, M]`` verdicts.
+    Jittable; shard the leading batch axis over the mesh's data axes.
+    """
+    logits = answer_logits(model, prefix_tokens, prefix_lengths, items, item_lengths,
+                           readout.suffix, pad_id=pad_id)
+    return _verdicts(logits, valid, readout)
+
+
+def verify_per_item(model: Decoder, readout: VerifierReadout, prefix_tokens: ArrayLike,
+                    prefix_lengths: ArrayLike, items: ArrayLike, item_lengths: ArrayLike,
+                    valid: ArrayLike, *, pad_id: int = 0) -> Verdicts:
+    """`verify` with one forward per (prompt, response, item): the unshared reference."""
+    logits = answer_logits_per_item(model, prefix_tokens, prefix_lengths, items, item_lengths,
+                                    readout.suffix, pad_id=pad_id)
+    return _verdicts(logits, valid, readout)
