@@ -48,6 +48,62 @@ def _smoke(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_prompts(args: argparse.Namespace) -> list[str]:
+    prompts = list(args.prompt or [])
+    if args.prompts_file:
+        path = Path(args.prompts_file)
+        if not path.is_file():
+            raise SystemExit(f"error: --prompts-file {path} does not exist")
+        prompts += [line for line in path.read_text().splitlines() if line.strip()]
+    if not prompts:
+        raise SystemExit("error: give --prompt TEXT (repeatable) or --prompts-file FILE")
+    return prompts
+
+
+def _sample(args: argparse.Namespace) -> int:
+    """Chat-templated prompts in, completions out; batched, with a progress bar for many."""
+    import jax
+    from tqdm import tqdm
+
+    import jaxrubric
+    from jaxrubric import sampling
+
+    prompts = _read_prompts(args)
+    model = jaxrubric.load_pretrained(args.model, dtype=args.dtype)
+    tokenizer = jaxrubric.load_tokenizer(args.model)
+    stops = set(model.config.eos_token_ids)
+    if tokenizer.eos_token_id is not None:
+        stops.add(tokenizer.eos_token_id)
+    rng = jax.random.key(args.seed)
+    batches = range(0, len(prompts), args.batch_size)
+    progress = tqdm(batches, desc="sampling", unit="batch", disable=len(batches) < 2)
+    for start in progress:
+        chunk = prompts[start:start + args.batch_size]
+        ids = [_chat_ids(tokenizer, text) for text in chunk]
+        out = sampling.generate(
+            model, ids, num_samples=args.num_samples, max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+            stop_token_ids=sorted(stops), pad_id=tokenizer.pad_token_id or 0,
+            rng=jax.random.fold_in(rng, start))
+        tokens, lengths = jax.device_get((out.tokens, out.lengths))
+        for i, text in enumerate(chunk):
+            progress.write(f"### prompt {start + i + 1}: {text}")
+            for k in range(args.num_samples):
+                completion = tokenizer.decode(tokens[i, k, :lengths[i, k]],
+                                              skip_special_tokens=True)
+                progress.write(f"--- sample {k + 1}:\n{completion}")
+    return 0
+
+
+def _chat_ids(tokenizer, text: str) -> list[int]:
+    """The chat template applied to one user turn (plain tokens if there is no template)."""
+    if tokenizer.chat_template:
+        return list(tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True,
+            return_dict=True)["input_ids"])
+    return tokenizer(text)["input_ids"]
+
+
 def _convert(args: argparse.Namespace) -> int:
     """Hugging Face folder <-> orbax checkpoint."""
     import jaxrubric
@@ -74,6 +130,20 @@ def build_parser() -> argparse.ArgumentParser:
     smoke.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None)
     smoke.add_argument("--top", type=int, default=5, help="how many top tokens to print")
     smoke.set_defaults(func=_smoke)
+
+    sample = sub.add_parser("sample", help="sample completions of chat prompts")
+    sample.add_argument("--model", required=True, help="HF checkpoint folder or hub id")
+    sample.add_argument("--prompt", action="append", help="a user message (repeatable)")
+    sample.add_argument("--prompts-file", help="a text file with one prompt per line")
+    sample.add_argument("--num-samples", type=int, default=1)
+    sample.add_argument("--max-new-tokens", type=int, default=128)
+    sample.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
+    sample.add_argument("--top-k", type=int, default=None)
+    sample.add_argument("--top-p", type=float, default=None)
+    sample.add_argument("--batch-size", type=int, default=8)
+    sample.add_argument("--seed", type=int, default=0)
+    sample.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None)
+    sample.set_defaults(func=_sample)
 
     convert = sub.add_parser("convert", help="convert between HF and orbax checkpoints")
     convert.add_argument("--to", choices=["orbax", "hf"], required=True)

@@ -33,3 +33,21 @@ def test_convert_hf_orbax_hf_round_trip(tmp_path):
         None, "fsdp", "tensor")
     np.testing.assert_allclose(np.asarray(jax.jit(lambda m, x: m(x))(restored, ids)), ref,
                                atol=1e-5)
+
+
+def test_sample_prints_completions_of_chat_prompts(tmp_path, capsys):
+    from tokenizer_fixtures import byte_level_bpe
+
+    tok = byte_level_bpe()
+    cfg = jaxrubric.tiny_config("qwen3", vocab_size=len(tok), eos_token_ids=(tok.eos_token_id,))
+    folder = tmp_path / "model"
+    jaxrubric.save_pretrained(jaxrubric.init_model(cfg, seed=2), folder)
+    tok.save_pretrained(folder)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("What is a rubric?\n\nName a prime.\nWhy?\n")
+    assert main(["sample", "--model", str(folder), "--prompts-file", str(prompts),
+                 "--prompt", "Hello", "--num-samples", "2", "--max-new-tokens", "5",
+                 "--batch-size", "3", "--temperature", "0.8"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("### prompt") == 4 and out.count("--- sample") == 8
+    assert "### prompt 4: Why?" in out
