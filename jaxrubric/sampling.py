@@ -99,24 +99,24 @@ def _sample_step(logits, key, temperature, top_p, params: SamplingParams, gramma
     return token.astype(jnp.int32), token_logp, sample_logp
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "cache_len", "num_samples"))
-def _prefill(graphdef, state, tokens, mask, *, cache_len: int, num_samples: int):
-    """Prompt forward once per prompt, then the cache and next-token logits copied for each of
-    the `num_samples` rows that continue it."""
-    model = nnx.merge(graphdef, state)
+def prefill(model: Decoder, tokens: jax.Array, mask: jax.Array, *, cache_len: int,
+            num_samples: int) -> tuple[KVCache, jax.Array]:
+    """Prompt forward once per prompt (left-padded `tokens`, `mask` True on real tokens), then
+    the cache and next-token logits copied for each of the `num_samples` rows continuing it.
+    Traceable: the co-evolution round calls it inside its own program."""
     cache = KVCache.empty(model.config, tokens.shape[0], cache_len)
     hidden, cache = model.hidden_states(tokens, attention_mask=mask, cache=cache)
     logits = model.logits(hidden[:, -1:])[:, 0]
     return cache.repeat(num_samples), jnp.repeat(logits, num_samples, axis=0)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "params", "num_samples", "max_len"),
-                   donate_argnames=("cache",))
-def _decode(graphdef, state, cache, logits, positions, rng, temperature, top_p, stop_ids,
-            max_new_tokens, grammar, *, params: SamplingParams, num_samples: int, max_len: int):
-    """Decodes up to `max_new_tokens` (<= max_len) tokens for every row; returns the samples and
-    the final cache (so the donated input cache is updated in place)."""
-    model = nnx.merge(graphdef, state).unstacked()
+def decode(model: Decoder, cache: KVCache, logits: jax.Array, positions: jax.Array,
+           rng: jax.Array, temperature: jax.Array, top_p: jax.Array, stop_ids: jax.Array,
+           max_new_tokens: jax.Array, grammar: Any, *, params: SamplingParams,
+           num_samples: int, max_len: int) -> tuple[SampleResult, KVCache]:
+    """Decodes up to `max_new_tokens` (<= max_len) tokens for every row from the prefilled
+    cache; `positions [rows]` is each row's prompt length. Traceable."""
+    model = model.unstacked()
     rows = logits.shape[0]
     pad = jnp.int32(0)
     g_state = jnp.full((rows,), grammar.start_state if params.constrained else 0, jnp.int32)
@@ -168,6 +168,46 @@ def _decode(graphdef, state, cache, logits, positions, rng, temperature, top_p, 
         logprobs=final["logprobs"].reshape(*shape, max_len),
         sampling_logprobs=final["sampling_logprobs"].reshape(*shape, max_len),
     ), final["cache"]
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "cache_len", "num_samples"))
+def _prefill(graphdef, state, tokens, mask, *, cache_len: int, num_samples: int):
+    return prefill(nnx.merge(graphdef, state), tokens, mask, cache_len=cache_len,
+                   num_samples=num_samples)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "params", "num_samples", "max_len"),
+                   donate_argnames=("cache",))
+def _decode(graphdef, state, cache, *args, params: SamplingParams, num_samples: int,
+            max_len: int):
+    """The decode program; the donated cache is updated in place and returned."""
+    return decode(nnx.merge(graphdef, state), cache, *args, params=params,
+                  num_samples=num_samples, max_len=max_len)
+
+
+def sampling_params(*, temperature: float, top_k: int | None, top_p: float | None,
+                    num_stop: int, constrained: bool) -> SamplingParams:
+    return SamplingParams(greedy=temperature == 0, top_k=top_k,
+                          use_top_p=top_p is not None and top_p < 1, num_stop=num_stop,
+                          constrained=constrained)
+
+
+def sample(model: Decoder, tokens: jax.Array, mask: jax.Array, lengths: jax.Array,
+           rng: jax.Array, *, num_samples: int, max_new_tokens: int, temperature: float = 1.0,
+           top_k: int | None = None, top_p: float | None = None,
+           stop_token_ids: Sequence[int] = (), grammar: Any = None) -> SampleResult:
+    """`generate` for use inside a jitted program: left-padded `tokens [B, P]`, `mask`, prompt
+    `lengths [B]`; output length `max_new_tokens` exactly (static)."""
+    cache, logits = prefill(model, tokens, mask, cache_len=tokens.shape[1] + max_new_tokens,
+                            num_samples=num_samples)
+    params = sampling_params(temperature=temperature, top_k=top_k, top_p=top_p,
+                             num_stop=len(stop_token_ids), constrained=grammar is not None)
+    result, _ = decode(
+        model, cache, logits, jnp.repeat(lengths, num_samples), rng,
+        jnp.float32(max(temperature, 1e-6)), jnp.float32(1.0 if top_p is None else top_p),
+        jnp.asarray(tuple(stop_token_ids) or (-1,), jnp.int32), jnp.int32(max_new_tokens),
+        grammar, params=params, num_samples=num_samples, max_len=max_new_tokens)
+    return result
 
 
 def left_pad(prompts: Sequence[Sequence[int]], length: int, pad_id: int = 0
@@ -239,10 +279,8 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]] | np.ndarray, *,
     ids_j, mask_j, lengths_j = arrays
     cache, last_logits = _prefill(graphdef, state, ids_j, mask_j,
                                   cache_len=prompt_len + out_len, num_samples=num_samples)
-    params = SamplingParams(
-        greedy=temperature == 0, top_k=top_k, use_top_p=top_p is not None and top_p < 1,
-        num_stop=len(stops), constrained=grammar is not None,
-    )
+    params = sampling_params(temperature=temperature, top_k=top_k, top_p=top_p,
+                             num_stop=len(stops), constrained=grammar is not None)
     result, _ = _decode(
         graphdef, state, cache, last_logits, jnp.repeat(lengths_j, num_samples), rng,
         jnp.float32(max(temperature, 1e-6)), jnp.float32(1.0 if top_p is None else top_p),

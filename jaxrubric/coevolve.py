@@ -1,0 +1,382 @@
+"""The co-evolution round: one compiled program from prompts to two GRPO updates.
+
+DynamicRubric round (DESIGN.md section 1):
+policy samples K responses -> the generator sees prompt + responses and samples G rubrics
+(grammar-constrained) -> token-level parse -> one-forward verification of every response and
+every anchor answer under every item -> scores -> generator rewards (discriminability on the
+policy's set + anchor ranking) -> generator GRPO update -> policy rewards from the scores ->
+policy GRPO update.
+
+Everything here is a pure function of pytrees. `RoundSetup` holds what is static (graph
+definitions, token templates, the grammar, optimisers); `make_round_step` returns the jitted
+`round_step(state, batch, rng) -> (state, metrics)` with the state donated. Policy, generator
+and verifier must share one tokenizer: responses are spliced into the generator's and the
+verifier's prompts as token ids.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from jaxrubric import sampling
+from jaxrubric.models.transformer import Decoder
+from jaxrubric.rewards.dynamic_rubric import dynamic_rubric_rewards
+from jaxrubric.rl import grpo
+from jaxrubric.rubric import grammar as grammar_lib
+from jaxrubric.rubric import templates as tpl
+from jaxrubric.rubric import verifier as ver
+from jaxrubric.rubric.scores import dynamic_rubric_score
+
+PyTree = Any
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundConfig:
+    """The static knobs of a round (each distinct value compiles once)."""
+
+    num_responses: int = 8  # K
+    num_rubrics: int = 4  # G
+    response_tokens: int = 64  # policy max_new_tokens (static output length)
+    policy_temperature: float = 1.0
+    generator_temperature: float = 1.0
+    top_p: float | None = None
+    # GRPO, per role
+    policy_beta: float = 0.01
+    generator_beta: float = 0.01
+    kl_estimator: str = "k3"
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    aggregation: str = "token-mean"
+    advantage_mode: str = "group_std"
+    num_updates: int = 1  # mu
+    logprob_chunk: int = 64
+    # rewards
+    anchor_weight: float = 1.0  # lambda
+    disc_mode: str = "item_variance"
+    soft_verdicts: bool = False  # rewards from p_yes instead of 0/1 verdicts
+    invalid_rubric_reward: float = -1.0
+    # Which rubric scores the policy: the mean over valid groups, or the group the generator's
+    # reward ranks best (the sharpest evaluator of this round).
+    policy_score: Literal["mean", "best_group"] = "mean"
+    freeze_generator: bool = False  # the stale-evaluator ablation
+    freeze_policy: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("num_responses", "num_rubrics", "response_tokens", "num_updates",
+                     "logprob_chunk"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"round config: {name} must be >= 1, got {getattr(self, name)}")
+        if self.num_responses < 2:
+            raise ValueError("round config: num_responses must be >= 2 (GRPO needs a group)")
+        if self.policy_score not in ("mean", "best_group"):
+            raise ValueError(f"round config: policy_score {self.policy_score!r} is not "
+                             "'mean' or 'best_group'")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RoundSetup:
+    """Everything static about a round: built once on the host from the tokenizer."""
+
+    config: RoundConfig
+    policy_graph: Any
+    generator_graph: Any
+    verifier_graph: Any
+    generator_template: tpl.TokenTemplate
+    verifier_template: tpl.TokenTemplate
+    readout: ver.VerifierReadout
+    grammar: grammar_lib.RubricGrammar
+    stop_token_ids: tuple[int, ...]
+    pad_id: int
+    policy_optimizer: optax.GradientTransformation
+    generator_optimizer: optax.GradientTransformation
+
+
+def build_setup(config: RoundConfig, tokenizer: Any, policy: Decoder, generator: Decoder,
+                verifier: Decoder, *, max_items: int, max_item_tokens: int,
+                policy_optimizer: optax.GradientTransformation,
+                generator_optimizer: optax.GradientTransformation,
+                chat_template_kwargs: dict | None = None) -> RoundSetup:
+    """Templates, grammar and answer ids from the shared tokenizer; graphs from the models."""
+    vocab = {m.config.vocab_size for m in (policy, generator, verifier)}
+    if len(vocab) != 1 or next(iter(vocab)) < len(tokenizer):
+        raise ValueError(
+            f"policy, generator and verifier must share the tokenizer's vocabulary "
+            f"({len(tokenizer)} tokens); their vocab sizes are "
+            f"{[m.config.vocab_size for m in (policy, generator, verifier)]}")
+    generator_template = tpl.dynamic_rubric_generator_template(
+        tokenizer, config.num_responses, max_items=max_items,
+        chat_template_kwargs=chat_template_kwargs)
+    verifier_template = tpl.verifier_template(tokenizer, chat_template_kwargs)
+    grammar = grammar_lib.build_rubric_grammar(
+        tokenizer, weights=range(1, 6), max_items=max_items, max_item_tokens=max_item_tokens)
+    stops = set(policy.config.eos_token_ids)
+    if tokenizer.eos_token_id is not None:
+        stops.add(tokenizer.eos_token_id)
+    return RoundSetup(
+        config=config, policy_graph=nnx.graphdef(policy), generator_graph=nnx.graphdef(generator),
+        verifier_graph=nnx.graphdef(verifier), generator_template=generator_template,
+        verifier_template=verifier_template,
+        readout=ver.verifier_readout(tokenizer, verifier_template), grammar=grammar,
+        stop_token_ids=tuple(sorted(stops)),
+        pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
+        policy_optimizer=policy_optimizer, generator_optimizer=generator_optimizer,
+    )
+
+
+def init_state(setup: RoundSetup, policy: Decoder, generator: Decoder) -> dict[str, PyTree]:
+    """The trainable state: both models' parameters and optimiser states, and the round."""
+    policy_params = nnx.state(policy, nnx.Param)
+    generator_params = nnx.state(generator, nnx.Param)
+    state = {
+        "policy": policy_params,
+        "policy_opt": setup.policy_optimizer.init(policy_params),
+        "generator": generator_params,
+        "generator_opt": setup.generator_optimizer.init(generator_params),
+        "round": jnp.zeros((), jnp.int32),
+    }
+    # Scalars (round, optimiser counts) go on the parameters' mesh, replicated, so the state
+    # that comes out of a round has the shardings of the one that went in: no recompiles.
+    mesh = jax.tree.leaves(policy_params)[0].sharding.mesh
+    replicated = NamedSharding(mesh, PartitionSpec())
+    return jax.tree.map(
+        lambda x: x if isinstance(x.sharding, NamedSharding) else jax.device_put(x, replicated),
+        state)
+
+
+def completion_logprobs(model: Decoder, prompt: jax.Array, prompt_mask: jax.Array,
+                        completion: jax.Array, chunk_size: int) -> jax.Array:
+    """Teacher-forced `log p(completion)` `[R, N]` after left-padded prompts `[R, P]`.
+
+    Positions count real tokens, as in the sampler, so these equal the sampler's log-probs.
+    The vocabulary projection runs in chunks (never `[R, N, V]` logits whole).
+    """
+    width = prompt.shape[1]
+    tokens = jnp.concatenate([prompt, completion], axis=1)
+    mask = jnp.concatenate([prompt_mask, jnp.ones_like(completion, bool)], axis=1)
+    hidden, _ = model.hidden_states(tokens, attention_mask=mask)
+    predicting = hidden[:, width - 1:-1]
+    return grpo.token_logprobs_chunked(predicting, model.logits, completion,
+                                       chunk_size=chunk_size)
+
+
+def _policy_update(cfg: RoundConfig, graph, optimizer, params, opt_state, ref_params, prompt,
+                   prompt_mask, completion, completion_mask, sampler_logp, advantages,
+                   beta: float):
+    """One GRPO update (mu optimiser steps) of a role on its own samples."""
+    ref_logp = None
+    if beta > 0:
+        ref_logp = jax.lax.stop_gradient(completion_logprobs(
+            nnx.merge(graph, ref_params), prompt, prompt_mask, completion, cfg.logprob_chunk))
+    old_logp = jax.lax.stop_gradient(sampler_logp)
+
+    def loss_fn(p, batch):
+        logp = completion_logprobs(nnx.merge(graph, p), prompt, prompt_mask, completion,
+                                   cfg.logprob_chunk)
+        return grpo.grpo_loss(
+            logp, old_logp, advantages, completion_mask, ref_logp=ref_logp, beta=beta,
+            kl_estimator=cfg.kl_estimator, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
+            aggregation=cfg.aggregation, max_len=completion.shape[1], sampler_logp=sampler_logp)
+
+    return grpo.grpo_update(params, opt_state, None, loss_fn, optimizer,
+                            num_updates=cfg.num_updates)
+
+
+def _last(metrics: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    """Metrics of the last of the mu updates."""
+    return {k: v[-1] for k, v in metrics.items()}
+
+
+def dynamic_rubric_round(setup: RoundSetup, state: dict, frozen: dict, batch: dict,
+                         rng: jax.Array) -> tuple[dict, dict[str, jax.Array]]:
+    """One DynamicRubric co-evolution round (pure; `make_round_step` jits it).
+
+    `batch`: `prompt [B, Lq]` + `prompt_len [B]` (the plain question, spliced into templates);
+    `policy_input [B, Lp]` left-padded chat-formatted policy prompt + `policy_mask`,
+    `policy_len`; `anchors [B, n, La]` right-padded reference answers ranked best-first +
+    `anchor_len [B, n]` and `anchor_mask [B, n]`.
+    `frozen`: `verifier` params, and `policy_ref` / `generator_ref` params when their beta > 0.
+    """
+    cfg = setup.config
+    k_policy, k_generator = jax.random.split(rng)
+    policy = nnx.merge(setup.policy_graph, state["policy"])
+    generator = nnx.merge(setup.generator_graph, state["generator"])
+    verifier = nnx.merge(setup.verifier_graph, frozen["verifier"])
+    batch_size = batch["prompt"].shape[0]
+    K, G = cfg.num_responses, cfg.num_rubrics
+
+    # 1. The policy answers, K times per prompt.
+    responses = sampling.sample(
+        policy, batch["policy_input"], batch["policy_mask"], batch["policy_len"], k_policy,
+        num_samples=K, max_new_tokens=cfg.response_tokens, temperature=cfg.policy_temperature,
+        top_p=cfg.top_p, stop_token_ids=setup.stop_token_ids)
+    text_len = responses.lengths - responses.finished.astype(jnp.int32)  # without the stop
+
+    # 2. The generator sees the prompt and the whole response set, writes G rubrics.
+    gen_input = tpl.assemble(
+        setup.generator_template,
+        [batch["prompt"], *(responses.tokens[:, k] for k in range(K))],
+        [batch["prompt_len"], *(text_len[:, k] for k in range(K))],
+        pad_id=setup.pad_id, align="right")
+    rubrics = sampling.sample(
+        generator, gen_input.tokens, gen_input.mask, gen_input.lengths, k_generator,
+        num_samples=G, max_new_tokens=setup.grammar.max_rubric_tokens,
+        temperature=cfg.generator_temperature, grammar=setup.grammar)
+    parsed = grammar_lib.parse_rubric_tokens(rubrics.tokens, setup.grammar, setup.pad_id)
+
+    # 3. The verifier judges every response and every anchor answer under every item.
+    def judge(answers, lengths):
+        prefix = ver.verifier_prefix(setup.verifier_template, batch["prompt"],
+                                     batch["prompt_len"], answers, lengths, pad_id=setup.pad_id)
+        out = ver.verify(verifier, setup.readout, prefix.tokens, prefix.lengths, parsed.items,
+                         parsed.item_lengths, parsed.valid, pad_id=setup.pad_id)
+        return out.p_yes if cfg.soft_verdicts else out.verdicts.astype(jnp.float32)
+
+    verdicts = judge(responses.tokens, text_len)  # [B, K, G, M]
+    anchor_verdicts = judge(batch["anchors"], batch["anchor_len"])  # [B, n, G, M]
+
+    # 4. Scores and rewards.
+    weights = parsed.weights.astype(jnp.float32)
+    scores, _ = dynamic_rubric_score(verdicts, weights[:, None], parsed.valid[:, None])
+    anchor_scores, _ = dynamic_rubric_score(anchor_verdicts, weights[:, None],
+                                            parsed.valid[:, None])
+    gen_reward, parts = dynamic_rubric_rewards(
+        verdicts.transpose(0, 2, 1, 3), weights, parsed.valid, anchor_scores.transpose(0, 2, 1),
+        lam=cfg.anchor_weight, anchor_mask=batch["anchor_mask"], disc_mode=cfg.disc_mode)
+    group_valid = parts["group_valid"] & parsed.complete
+    gen_reward = jnp.where(group_valid, gen_reward, cfg.invalid_rubric_reward)
+
+    if cfg.policy_score == "best_group":
+        best = jnp.argmax(jnp.where(group_valid, gen_reward, -jnp.inf), axis=-1)
+        policy_reward = jnp.take_along_axis(scores, best[:, None, None], axis=2)[..., 0]
+    else:
+        weight = group_valid[:, None, :].astype(jnp.float32)
+        policy_reward = grpo.safe_ratio((scores * weight).sum(-1), weight.sum(-1))
+
+    metrics = {
+        "policy/reward": policy_reward.mean(),
+        "policy/reward_std_in_group": policy_reward.std(-1).mean(),
+        "policy/response_length": responses.lengths.mean(),
+        "policy/truncated": 1.0 - responses.finished.mean(),
+        "generator/reward": gen_reward.mean(),
+        "generator/discriminability": parts["disc"].mean(),
+        "generator/anchor": parts["anchor"].mean(),
+        "rubric/valid_rate": group_valid.mean(),
+        "rubric/items": parsed.valid.sum(-1).mean(),
+        "rubric/tokens": rubrics.lengths.mean(),
+        "verifier/yes_rate": grpo.safe_ratio(
+            (verdicts * parsed.valid[:, None]).sum(), parsed.valid[:, None].sum() * K),
+    }
+
+    new_state = dict(state, round=state["round"] + 1)
+    # 5. Generator update on its rubric tokens, advantages within each prompt's G rubrics.
+    if not cfg.freeze_generator:
+        gen_adv = grpo.group_advantages(gen_reward, mode=cfg.advantage_mode)
+        rows = batch_size * G
+        params, opt_state, gm = _policy_update(
+            cfg, setup.generator_graph, setup.generator_optimizer, state["generator"],
+            state["generator_opt"], frozen.get("generator_ref"),
+            jnp.repeat(gen_input.tokens, G, axis=0), jnp.repeat(gen_input.mask, G, axis=0),
+            rubrics.tokens.reshape(rows, -1),
+            jnp.arange(rubrics.tokens.shape[-1]) < rubrics.lengths.reshape(rows, 1),
+            rubrics.logprobs.reshape(rows, -1), gen_adv.reshape(rows), cfg.generator_beta)
+        new_state.update(generator=params, generator_opt=opt_state)
+        metrics.update({f"generator/{k}": v for k, v in _last(gm).items()})
+
+    # 6. Policy update on its responses, rewarded by the rubric scores.
+    if not cfg.freeze_policy:
+        pol_adv = grpo.group_advantages(policy_reward, mode=cfg.advantage_mode)
+        rows = batch_size * K
+        params, opt_state, pm = _policy_update(
+            cfg, setup.policy_graph, setup.policy_optimizer, state["policy"],
+            state["policy_opt"], frozen.get("policy_ref"),
+            jnp.repeat(batch["policy_input"], K, axis=0),
+            jnp.repeat(batch["policy_mask"], K, axis=0),
+            responses.tokens.reshape(rows, -1),
+            jnp.arange(cfg.response_tokens) < responses.lengths.reshape(rows, 1),
+            responses.logprobs.reshape(rows, -1), pol_adv.reshape(rows), cfg.policy_beta)
+        new_state.update(policy=params, policy_opt=opt_state)
+        metrics.update({f"policy/{k}": v for k, v in _last(pm).items()})
+
+    outputs = {"responses": responses.tokens, "response_len": text_len,
+               "rubrics": rubrics.tokens, "rubric_len": rubrics.lengths, "scores": scores}
+    return new_state, {"scalars": metrics, "outputs": outputs}
+
+
+def make_round_step(setup: RoundSetup, frozen: dict[str, PyTree]
+                    ) -> Callable[[dict, dict, jax.Array], tuple[dict, dict]]:
+    """The jitted round, state donated and its shardings kept; frozen weights are arguments,
+    not constants. The program is built at the first call, from that state's shardings."""
+    compiled: dict[str, Any] = {}
+
+    def round_step(state, batch, rng):
+        if "jitted" not in compiled:
+            shardings = jax.tree.map(lambda x: x.sharding, state)
+            replicated = NamedSharding(jax.tree.leaves(shardings)[0].mesh, PartitionSpec())
+            compiled["jitted"] = jax.jit(
+                lambda state, frozen, batch, rng: dynamic_rubric_round(
+                    setup, state, frozen, batch, rng),
+                donate_argnums=(0,), out_shardings=(shardings, replicated))
+            round_step.jitted = compiled["jitted"]  # exposes the compilation cache to tests
+        return compiled["jitted"](state, frozen, batch, rng)
+
+    return round_step
+
+
+def encode_batch(tokenizer: Any, questions: list[str], anchors: list[list[str]], *,
+                 prompt_tokens: int, policy_tokens: int, anchor_tokens: int,
+                 num_anchors: int) -> dict[str, Any]:
+    """Host side: questions and best-first anchor answers -> the round's fixed-shape batch.
+
+    Anything longer than its budget is an error naming the row, never silently cut.
+    """
+    import numpy as np
+
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    b = len(questions)
+    out = {
+        "prompt": np.full((b, prompt_tokens), pad, np.int32),
+        "prompt_len": np.zeros((b,), np.int32),
+        "policy_input": np.full((b, policy_tokens), pad, np.int32),
+        "policy_mask": np.zeros((b, policy_tokens), bool),
+        "policy_len": np.zeros((b,), np.int32),
+        "anchors": np.full((b, num_anchors, anchor_tokens), pad, np.int32),
+        "anchor_len": np.zeros((b, num_anchors), np.int32),
+        "anchor_mask": np.zeros((b, num_anchors), bool),
+    }
+
+    def fit(ids, limit, what, row):
+        if len(ids) > limit:
+            raise ValueError(f"row {row}: {what} has {len(ids)} tokens, the budget is {limit}")
+        if not ids:
+            raise ValueError(f"row {row}: {what} is empty")
+        return ids
+
+    for i, question in enumerate(questions):
+        ids = fit(tokenizer(question, add_special_tokens=False)["input_ids"], prompt_tokens,
+                  "prompt", i)
+        out["prompt"][i, :len(ids)] = ids
+        out["prompt_len"][i] = len(ids)
+        chat = tokenizer.apply_chat_template([{"role": "user", "content": question}],
+                                             add_generation_prompt=True, tokenize=False)
+        ids = fit(tokenizer(chat, add_special_tokens=False)["input_ids"], policy_tokens,
+                  "chat-formatted prompt", i)
+        out["policy_input"][i, policy_tokens - len(ids):] = ids
+        out["policy_mask"][i, policy_tokens - len(ids):] = True
+        out["policy_len"][i] = len(ids)
+        if len(anchors[i]) > num_anchors:
+            raise ValueError(f"row {i}: {len(anchors[i])} anchor answers, at most {num_anchors}")
+        for j, answer in enumerate(anchors[i]):
+            ids = fit(tokenizer(answer, add_special_tokens=False)["input_ids"], anchor_tokens,
+                      f"anchor answer {j}", i)
+            out["anchors"][i, j, :len(ids)] = ids
+            out["anchor_len"][i, j] = len(ids)
+            out["anchor_mask"][i, j] = True
+    return out

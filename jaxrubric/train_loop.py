@@ -1,0 +1,303 @@
+"""The host loop of training: feeds batches to one jitted round, checkpoints, logs.
+
+The loop knows nothing about policies or rubrics; it drives any `Task` (a pytree state and one
+compiled `round_step`), so it is built and tested on a toy task and reused by the co-evolution
+round. Resuming is exact: the state, the data position and the base rng key are checkpointed
+together, and round r always uses `jax.random.fold_in(key, r)`.
+
+Checkpoints (orbax `CheckpointManager`, async) live in `workdir/checkpoints/<round>/` with two
+items, `state` (the whole state pytree) and `meta` (JSON: round, data position, rng key data,
+the config and its fingerprint, last metrics and eval metrics); TensorBoard events go to
+`workdir/tensorboard/`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, Protocol
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
+
+from jaxrubric.logging_utils import Progress, SummaryWriter, scalar_metrics
+
+PyTree = Any
+EvalFn = Callable[[PyTree, int], Mapping[str, Any]]
+
+CHECKPOINT_DIR = "checkpoints"
+TENSORBOARD_DIR = "tensorboard"
+
+
+class Task(Protocol):
+    """What the host loop drives. Rounds are numbered from 1; `batch(p)` is the batch at data
+    position p (one batch per round, positions from 0).
+
+    `text_samples` may be left out. It is called on every process (it may run collectives);
+    only process 0's answer is written.
+    """
+
+    def init_state(self, rng: jax.Array) -> PyTree:
+        """A fresh state, placed with its shardings (may load Hugging Face checkpoints)."""
+
+    def abstract_state(self) -> PyTree:
+        """The state as `jax.ShapeDtypeStruct`s carrying shardings: the restore target."""
+
+    def round_step(self, state: PyTree, batch: PyTree, rng: jax.Array
+                   ) -> tuple[PyTree, Mapping[str, Any]]:
+        """One round, jitted with the state donated (the batch must not be donated). The new
+        state keeps the shardings of `abstract_state` (pin `out_shardings`) so that a resumed run
+        runs the same program; metrics are replicated device values or host values."""
+
+    def batch(self, position: int) -> PyTree:
+        """The deterministic batch at a data position (a per-host shard is allowed)."""
+
+    def text_samples(self, state: PyTree, batch: PyTree, metrics: Mapping[str, Any]
+                     ) -> Mapping[str, str] | None:
+        """A few texts (e.g. prompt, responses, rubric) for TensorBoard, from host metrics."""
+
+
+class ConfigMismatchError(ValueError):
+    """The workdir holds a checkpoint of a run with another config or seed."""
+
+
+def run_training(task: Task, *, workdir: str | os.PathLike, rounds: int, seed: int = 0,
+                 checkpoint_every: int, keep_checkpoints: int | None = None,
+                 log_every: int = 1, eval_fn: EvalFn | None = None,
+                 eval_every: int | None = None, config: Any = None,
+                 allow_config_change: bool = False) -> dict[str, Any]:
+    """Runs rounds until `rounds` have been completed in `workdir`, resuming from its latest
+    checkpoint, and returns a summary.
+
+    Args:
+      task: the state and the round (see `Task`).
+      workdir: holds `checkpoints/` and `tensorboard/`; rerunning with it resumes.
+      rounds: total number of rounds of the run (not rounds to add).
+      seed: base rng key `jax.random.key(seed)`; a resumed run uses the checkpointed key.
+      checkpoint_every: save after every round that is a multiple of this; the final round
+        and a round stopped by SIGTERM are always saved.
+      keep_checkpoints: how many most recent checkpoints to keep (None: all).
+      log_every: write TensorBoard scalars (and text samples) every this many rounds and at the
+        final round.
+      eval_fn: `eval_fn(state, round) -> metrics`, called on every process every `eval_every`
+        rounds (None: after the final round only); its scalars are logged under `eval/`.
+      config: what defines the run (a mapping or `ml_collections.ConfigDict`), fingerprinted
+        together with the seed; resuming under another fingerprint raises
+        `ConfigMismatchError` unless `allow_config_change`. Loop arguments (rounds, intervals)
+        are not part of it and may change between runs.
+
+    Returns:
+      `final_round` (rounds completed), `metrics` (scalar metrics of the last round run, or of
+      the checkpoint when nothing ran), `eval` (last eval scalars, {} if none), `resumed_from`
+      (the checkpoint round resumed from, None on a fresh start) and `preempted` (stopped by
+      SIGTERM after saving: the caller should exit 0 and skip any post-training work).
+    """
+    _check_positive(rounds=rounds, checkpoint_every=checkpoint_every, log_every=log_every,
+                    keep_checkpoints=keep_checkpoints, eval_every=eval_every)
+    workdir = _absolute(workdir)
+    run_config = _canonical({"config": config, "seed": seed})
+    fingerprint = hashlib.sha256(json.dumps(run_config, sort_keys=True).encode()).hexdigest()
+    manager = _checkpoint_manager(os.path.join(workdir, CHECKPOINT_DIR), checkpoint_every,
+                                  keep_checkpoints)
+    progress: Progress | None = None
+    writer: SummaryWriter | None = None
+    try:
+        with _sigterm_flag() as sigterm:
+            resumed_from = manager.latest_step()
+            if resumed_from is None:
+                key = jax.random.key(seed)
+                state = task.init_state(jax.random.fold_in(key, 0))
+                done, position, last_scalars, eval_scalars = 0, 0, {}, {}
+            else:
+                meta = manager.restore(resumed_from, args=ocp.args.Composite(
+                    meta=ocp.args.JsonRestore()))["meta"]
+                _check_fingerprint(meta, fingerprint, run_config, allow_config_change)
+                if rounds <= resumed_from:
+                    _say(f"checkpoint at round {resumed_from} already covers rounds={rounds}: "
+                         "nothing to do")
+                    return _summary(resumed_from, meta["metrics"], meta["eval"], resumed_from,
+                                    False)
+                state = manager.restore(resumed_from, args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(task.abstract_state())))["state"]
+                key = jax.random.wrap_key_data(np.asarray(meta["rng_key_data"], np.uint32),
+                                               impl=meta["rng_impl"])
+                done, position = meta["round"], meta["position"]
+                last_scalars, eval_scalars = meta["metrics"], meta["eval"]
+                _say(f"resumed from round {resumed_from}")
+
+            writer = SummaryWriter(os.path.join(workdir, TENSORBOARD_DIR))
+            writer.start(done + 1)
+            progress = Progress(total=rounds, initial=done)
+            text_samples = getattr(task, "text_samples", None)
+            key_meta = {"rng_key_data": np.asarray(jax.random.key_data(key)).tolist(),
+                        "rng_impl": str(jax.random.key_impl(key))}
+            preempted = False
+            batch = task.batch(position)
+            tick = time.perf_counter()
+            for round_ in range(done + 1, rounds + 1):
+                state, metrics = task.round_step(state, batch, jax.random.fold_in(key, round_))
+                position += 1
+                final = round_ == rounds
+                # Built on the host while the device runs the round.
+                next_batch = None if final else task.batch(position)
+                metrics = jax.device_get(metrics)
+                # Fetch to fetch: host work (batches, logging, the blocking part of saves) counts.
+                seconds, tick = time.perf_counter() - tick, time.perf_counter()
+                last_scalars = scalar_metrics(metrics)
+                preempted = _stop_requested(sigterm, manager, round_)
+
+                logged = {**last_scalars, "time/round_s": seconds}
+                if eval_fn is not None and not preempted and (
+                        final or (eval_every is not None and round_ % eval_every == 0)):
+                    eval_start = time.perf_counter()
+                    eval_scalars = {
+                        name if name.startswith("eval/") else f"eval/{name}": value
+                        for name, value in scalar_metrics(
+                            jax.device_get(eval_fn(state, round_))).items()}
+                    eval_seconds = time.perf_counter() - eval_start
+                    tick += eval_seconds  # evaluation is not part of the next round's time
+                    logged |= {**eval_scalars, "time/eval_s": eval_seconds}
+                if final or preempted or round_ % log_every == 0:
+                    writer.scalars(round_, logged)
+                    texts = text_samples(state, batch, metrics) if text_samples else None
+                    if texts:
+                        writer.texts(round_, texts)
+
+                meta = {"round": round_, "position": position, "fingerprint": fingerprint,
+                        "config": run_config, "metrics": last_scalars, "eval": eval_scalars,
+                        **key_meta}
+                manager.save(round_, args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
+                    force=final or preempted)
+                progress.update(round_, last_scalars, seconds)
+                if preempted:
+                    manager.wait_until_finished()
+                    progress.write(f"SIGTERM: saved the checkpoint of round {round_}, stopping")
+                    break
+                batch = next_batch
+            return _summary(round_, last_scalars, eval_scalars, resumed_from, preempted)
+    finally:
+        # A crash must not lose a save in flight: orbax finalises a checkpoint atomically once
+        # its writes finish, so wait for them before the process goes.
+        manager.wait_until_finished()
+        manager.close()
+        if writer is not None:
+            writer.close()
+        if progress is not None:
+            progress.close()
+
+
+def restore_checkpoint(workdir: str | os.PathLike, abstract_state: PyTree,
+                       round_: int | None = None) -> tuple[PyTree, dict[str, Any]]:
+    """The state and metadata saved by `run_training` at `round_` (None: the latest), e.g. for
+    export or evaluation; `abstract_state` is the restore target (`Task.abstract_state()`)."""
+    directory = os.path.join(_absolute(workdir), CHECKPOINT_DIR)
+    options = ocp.CheckpointManagerOptions(read_only=True, create=False)
+    with ocp.CheckpointManager(directory, options=options, item_names=("state", "meta")
+                               ) as manager:
+        step = manager.latest_step() if round_ is None else round_
+        if step is None:
+            raise FileNotFoundError(f"no checkpoint under {directory}")
+        restored = manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
+    return restored["state"], dict(restored["meta"])
+
+
+def _checkpoint_manager(directory: str, every: int, keep: int | None
+                        ) -> ocp.CheckpointManager:
+    # `save_interval_steps` alone would also save round 1 of a fresh run (orbax adds an
+    # initial-save policy); this policy saves exactly the multiples, plus preemption points.
+    policy = ocp.checkpoint_managers.AnySavePolicy([
+        ocp.checkpoint_managers.FixedIntervalPolicy(every),
+        ocp.checkpoint_managers.PreemptionCheckpointingPolicy(),
+    ])
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=keep, save_decision_policy=policy, enable_async_checkpointing=True,
+        cleanup_tmp_directories=True, create=True)
+    return ocp.CheckpointManager(directory, options=options, item_names=("state", "meta"))
+
+
+@contextmanager
+def _sigterm_flag() -> Iterator[threading.Event]:
+    """A flag set by SIGTERM (TPU preemption) while the loop runs, instead of dying mid-round.
+
+    Python can install handlers only in the main thread; elsewhere the flag never sets and only
+    orbax's multi-host preemption sync point (when `jax.distributed` provides one) stops the run.
+    """
+    flag = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: flag.set())
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _stop_requested(sigterm: threading.Event, manager: ocp.CheckpointManager, round_: int
+                    ) -> bool:
+    """Whether to save and stop after this round, agreed by all processes: hosts receive
+    SIGTERM at different moments, and one leaving early would hang the others' collectives."""
+    stop = sigterm.is_set()
+    if jax.process_count() > 1:
+        stop = bool(np.any(multihost_utils.process_allgather(np.asarray(stop))))
+    return stop or manager.reached_preemption(round_)
+
+
+def _absolute(path: str | os.PathLike) -> str:
+    """Orbax wants absolute paths; URLs (gs://...) already are."""
+    path = os.fspath(path)
+    return path if "://" in path else os.path.abspath(path)
+
+
+def _canonical(value: Any) -> Any:
+    """A JSON-able copy of a config (ConfigDicts become dicts, unknown objects their repr)."""
+    if hasattr(value, "to_dict"):
+        value = value.to_dict()
+    return json.loads(json.dumps(value, sort_keys=True, default=repr))
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dicts as {"a.b.c": leaf}, to name what changed between two configs."""
+    if not isinstance(tree, dict):
+        return {prefix.rstrip("."): tree}
+    return {k: v for key, sub in tree.items() for k, v in _flatten(sub, f"{prefix}{key}.").items()}
+
+
+def _check_fingerprint(meta: Mapping[str, Any], fingerprint: str, run_config: Any,
+                       allow_change: bool) -> None:
+    if meta["fingerprint"] == fingerprint:
+        return
+    old, new = _flatten(meta["config"]), _flatten(run_config)
+    changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+    message = (f"the checkpoint in this workdir was written with another config or seed "
+               f"(changed: {', '.join(changed)})")
+    if not allow_change:
+        raise ConfigMismatchError(message + "; use a new workdir or allow_config_change=True")
+    _say(f"warning: {message}; resuming anyway")
+
+
+def _check_positive(**values: int | None) -> None:
+    for name, value in values.items():
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _say(message: str) -> None:
+    if jax.process_index() == 0:
+        print(message, flush=True)
+
+
+def _summary(final_round: int, metrics: Mapping[str, float], eval_metrics: Mapping[str, float],
+             resumed_from: int | None, preempted: bool) -> dict[str, Any]:
+    return {"final_round": final_round, "metrics": dict(metrics), "eval": dict(eval_metrics),
+            "resumed_from": resumed_from, "preempted": preempted}

@@ -1,0 +1,64 @@
+"""The compiled DynamicRubric round on tiny models under the 8-device mesh."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from tokenizer_fixtures import byte_level_bpe
+
+import jaxrubric
+from jaxrubric import coevolve
+from jaxrubric import sharding as shd
+
+QUESTIONS = ["Sort the digits 3 1 2.", "Reverse the word cat."]
+ANCHORS = [["1 2 3", "1 3 2", "3 2 1"], ["tac", "act"]]
+
+
+def _setup(config, mesh):
+    tok = byte_level_bpe()
+    cfg = jaxrubric.tiny_config("qwen3", vocab_size=len(tok), eos_token_ids=(tok.eos_token_id,),
+                                pad_token_id=tok.pad_token_id)
+    models = [shd.shard_model(jaxrubric.init_model(cfg, seed=s), mesh) for s in (1, 2, 3)]
+    policy, generator, verifier = models
+    setup = coevolve.build_setup(
+        config, tok, policy, generator, verifier, max_items=3, max_item_tokens=6,
+        policy_optimizer=optax.adamw(1e-3), generator_optimizer=optax.adamw(1e-3))
+    state = coevolve.init_state(setup, policy, generator)
+    frozen = {"verifier": nnx_params(verifier), "policy_ref": nnx_params(policy),
+              "generator_ref": nnx_params(generator)}
+    batch = coevolve.encode_batch(tok, QUESTIONS, ANCHORS, prompt_tokens=16,
+                                  policy_tokens=32, anchor_tokens=8, num_anchors=3)
+    batch = {k: jax.device_put(v, shd.batch_sharding(mesh, v.ndim)) for k, v in batch.items()}
+    return setup, state, frozen, batch
+
+
+def nnx_params(model):
+    from flax import nnx
+    return jax.tree.map(jnp.copy, nnx.state(model, nnx.Param))
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return shd.make_mesh({"data": 2, "fsdp": 1, "tensor": 4})
+
+
+def test_round_updates_both_models_and_compiles_once(mesh):
+    config = coevolve.RoundConfig(num_responses=4, num_rubrics=2, response_tokens=12,
+                                  logprob_chunk=8)
+    setup, state, frozen, batch = _setup(config, mesh)
+    before = jax.tree.map(np.asarray, {k: state[k] for k in ("policy", "generator")})
+    step = coevolve.make_round_step(setup, frozen)
+    for r in range(2):
+        state, out = step(state, batch, jax.random.key(r))
+    scalars = jax.device_get(out["scalars"])
+    assert int(state["round"]) == 2
+    assert all(np.isfinite(v) for v in scalars.values()), scalars
+    assert scalars["rubric/valid_rate"] == 1.0 and 1 <= scalars["rubric/items"] <= 3
+    for role in ("policy", "generator"):
+        changed = jax.tree.map(lambda a, b: not np.allclose(a, np.asarray(b)), before[role],
+                               state[role])
+        assert any(jax.tree.leaves(changed)), role
+    assert step.jitted._cache_size() == 1
+    assert out["outputs"]["responses"].shape == (2, 4, 12)
+    assert out["outputs"]["scores"].shape == (2, 4, 2)
