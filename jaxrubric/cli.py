@@ -119,6 +119,24 @@ def _convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train(args: argparse.Namespace, overrides: Sequence[str]) -> int:
+    from jaxrubric.config import load_config
+    from jaxrubric.train import train
+
+    config = load_config(args.config, overrides)
+    summary = train(config, args.workdir)
+    if summary.get("preempted"):
+        print(f"stopped by SIGTERM after round {summary['final_round']}; checkpoint saved")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from jaxrubric.train import export
+
+    export(args.workdir, args.role, args.out, dtype=args.dtype)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jaxrubric", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -145,6 +163,23 @@ def build_parser() -> argparse.ArgumentParser:
     sample.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None)
     sample.set_defaults(func=_sample)
 
+    train = sub.add_parser("train", help="co-evolve a policy and a rubric generator",
+                           description="Extra --config.KEY=VALUE arguments override the config.")
+    train.add_argument("--config", required=True, help="a config file (configs/NAME.py)")
+    train.add_argument("--workdir", required=True, help="checkpoints, TensorBoard logs; rerun "
+                                                        "with the same folder to resume")
+    train.set_defaults(func=_train, takes_overrides=True)
+
+    export = sub.add_parser("export", help="write a trained model as an HF checkpoint")
+    export.add_argument("--workdir", required=True)
+    export.add_argument("--role", choices=["policy", "generator"], default="policy")
+    export.add_argument("--out", required=True)
+    export.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None)
+    export.set_defaults(func=_export)
+
+    from jaxrubric.eval import evaluate as evaluate_command
+    evaluate_command.add_parser(sub)
+
     convert = sub.add_parser("convert", help="convert between HF and orbax checkpoints")
     convert.add_argument("--to", choices=["orbax", "hf"], required=True)
     convert.add_argument("src", help="source folder (HF folder or hub id for --to orbax)")
@@ -155,7 +190,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if getattr(args, "takes_overrides", False):
+        overrides = []
+        for item in extra:
+            if not item.startswith("--config."):
+                parser.error(f"unrecognized argument {item}")
+            overrides.append(item.removeprefix("--config."))
+        return args.func(args, overrides)
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return args.func(args)
 
 

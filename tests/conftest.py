@@ -4,6 +4,7 @@ The flag must be set before jax is imported anywhere, hence at the top of confte
 """
 
 import os
+import tempfile
 
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
@@ -11,6 +12,8 @@ os.environ["XLA_FLAGS"] = (
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# `datasets` caches what it reads; keep test runs from filling the user's cache.
+os.environ.setdefault("HF_DATASETS_CACHE", os.path.join(tempfile.gettempdir(), "jaxrubric-test-datasets"))
 
 import jax  # noqa: E402
 

@@ -1,0 +1,138 @@
+"""Training configuration: one ml_collections tree, every value with one home and a default.
+
+Config files are Python modules with `get_config()`; relative paths in them are relative to
+the config file's folder. `--config.a.b=value` overrides are parsed with the type of the
+default they replace, and everything is checked before any model is loaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from collections.abc import Sequence
+from pathlib import Path
+
+import ml_collections
+
+from jaxrubric.coevolve import RoundConfig
+
+
+class ConfigFileError(ValueError):
+    """A config file or override that cannot be used, naming the key."""
+
+
+def base_config() -> ml_collections.ConfigDict:
+    """Every key a training config may set, with its default."""
+    c = ml_collections.ConfigDict()
+    c.method = "dynamic_rubric"
+    c.seed = 0
+    c.rounds = 1
+    c.mesh = ml_collections.ConfigDict({"data": 1, "fsdp": -1, "tensor": 1})
+    c.tokenizer = ""  # a folder or hub id; empty: the policy checkpoint's tokenizer
+    c.chat_template_kwargs = ml_collections.ConfigDict({})
+    for role in ("policy", "generator", "verifier"):
+        c[role] = ml_collections.ConfigDict(
+            {"path": "", "seed": 0, "dtype": "float32", "param_dtype": "float32",
+             "remat": "none"})
+    c.data = ml_collections.ConfigDict({
+        "train": "", "batch_size": 8, "prompt_tokens": 512, "policy_tokens": 640,
+        "anchor_tokens": 512, "num_anchors": 4, "skip_bad_rows": False,
+    })
+    c.rubric = ml_collections.ConfigDict({"max_items": 12, "max_item_tokens": 48})
+    c.round = ml_collections.ConfigDict(dataclasses.asdict(RoundConfig()))
+    c.optim = ml_collections.ConfigDict({
+        "policy_lr": 1e-6, "generator_lr": 5e-6, "weight_decay": 0.0, "max_grad_norm": 1.0,
+        "b1": 0.9, "b2": 0.999,
+    })
+    c.checkpoint_every = 1
+    c.keep_checkpoints = 3
+    c.log_every = 1
+    return c
+
+
+def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
+    """Loads `get_config()` from a file, applies `a.b=value` overrides, resolves paths, checks."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigFileError(f"config file {path} does not exist")
+    spec = importlib.util.spec_from_file_location(f"jaxrubric_config_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not hasattr(module, "get_config"):
+        raise ConfigFileError(f"{path} has no get_config()")
+    config = module.get_config()
+    for override in overrides:
+        apply_override(config, override)
+    base = path.parent.resolve()
+    for key in ("tokenizer", "data.train", "policy.path", "generator.path", "verifier.path"):
+        value = _get(config, key)
+        if value and not Path(value).is_absolute() and (base / value).exists():
+            _set(config, key, str(base / value))
+    check_config(config)
+    return config
+
+
+def apply_override(config: ml_collections.ConfigDict, override: str) -> None:
+    """`a.b=value`: the value is parsed with the type of the current value."""
+    key, sep, raw = override.partition("=")
+    if not sep:
+        raise ConfigFileError(f"override {override!r} is not key=value")
+    current = _get(config, key)
+    if isinstance(current, bool):
+        if raw.lower() not in ("true", "false", "1", "0"):
+            raise ConfigFileError(f"config.{key} takes true/false, got {raw!r}")
+        value = raw.lower() in ("true", "1")
+    elif current is None:
+        value = raw if raw.lower() != "none" else None
+    else:
+        try:
+            value = type(current)(raw)
+        except (TypeError, ValueError) as err:
+            raise ConfigFileError(
+                f"config.{key} takes a {type(current).__name__}, got {raw!r}") from err
+    _set(config, key, value)
+
+
+def _get(config, key: str):
+    node = config
+    for part in key.split("."):
+        if part not in node:
+            raise ConfigFileError(f"config has no key {key!r} (at {part!r})")
+        node = node[part]
+    return node
+
+
+def _set(config, key: str, value) -> None:
+    *parents, last = key.split(".")
+    node = config
+    for part in parents:
+        node = node[part]
+    with node.ignore_type():
+        node[last] = value
+
+
+def round_config(config: ml_collections.ConfigDict) -> RoundConfig:
+    return RoundConfig(**config.round.to_dict())
+
+
+def check_config(config: ml_collections.ConfigDict) -> None:
+    """Every check that needs no model: fails before anything is loaded."""
+    unknown = set(config.keys()) - set(base_config().keys())
+    if unknown:
+        raise ConfigFileError(f"unknown config keys {sorted(unknown)}")
+    if config.method != "dynamic_rubric":
+        raise ConfigFileError(f"config.method {config.method!r}: this trainer runs "
+                              "'dynamic_rubric' rounds")
+    for key in ("rounds", "data.batch_size", "checkpoint_every", "keep_checkpoints",
+                "log_every", "rubric.max_items", "rubric.max_item_tokens"):
+        if _get(config, key) < 1:
+            raise ConfigFileError(f"config.{key} must be >= 1, got {_get(config, key)}")
+    if not config.data.train:
+        raise ConfigFileError("config.data.train: no training data file given")
+    if not Path(config.data.train).exists() and "/" in config.data.train and \
+            Path(config.data.train).suffix:
+        raise ConfigFileError(f"config.data.train: {config.data.train} does not exist")
+    try:
+        round_config(config)
+    except (TypeError, ValueError) as err:
+        raise ConfigFileError(f"config.round: {err}") from err

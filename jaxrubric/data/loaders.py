@@ -1,0 +1,122 @@
+"""Loaders: a local JSONL / JSON / parquet file or a hub data set, read with `datasets`,
+every row validated into a record.
+
+`datasets` keeps a column whose rows disagree in type as plain JSON values, so a bad value
+reaches the validator as it was written and the error can name it. With
+``skip_bad_rows=True`` a bad row is left out and its error kept in `Loaded.problems`, so
+the caller always learns how many rows were dropped and why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+from jaxrubric.data.schemas import (
+    AnchorRecord,
+    DataError,
+    HealthBenchRecord,
+    PromptRecord,
+    RowChecker,
+    parse_anchor_row,
+    parse_healthbench_row,
+    parse_prompt_row,
+)
+
+T = TypeVar("T")
+
+_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Loaded(Generic[T]):
+    """The valid records of a source, and one error message per row that was skipped."""
+
+    source: str
+    records: list[T]
+    problems: list[str]
+
+    @property
+    def skipped(self) -> int:
+        return len(self.problems)
+
+
+def read_rows(source: str | os.PathLike, *, split: str = "train") -> Iterable[Mapping[str, Any]]:
+    """The raw rows of a local file (by extension: .jsonl, .json, .parquet) or a hub data set.
+
+    A path that exists, or that ends in a known extension, is a local file; anything else is
+    a hub name, loaded with ``split``. Failures (missing file, unparsable JSON, unreachable
+    hub) raise `DataError` naming the source.
+    """
+    import datasets
+
+    name = str(source)
+    path = Path(name)
+    suffix = path.suffix.lower()
+    try:
+        if path.exists() or suffix in _BUILDERS:
+            if not path.is_file():
+                raise DataError(f"{name}: no such file")
+            if suffix not in _BUILDERS:
+                raise DataError(f"{name}: unsupported file type {suffix!r}; use one of "
+                                f"{sorted(_BUILDERS)}")
+            if path.stat().st_size == 0:
+                raise DataError(f"{name}: the file is empty")
+            return datasets.load_dataset(_BUILDERS[suffix], data_files=str(path), split="train")
+        return datasets.load_dataset(name, split=split)
+    except DataError:
+        raise
+    except Exception as e:  # datasets wraps Arrow and hub errors in many types
+        cause = f" ({e.__cause__})" if e.__cause__ is not None else ""
+        raise DataError(f"{name}: cannot be read as a data set: {type(e).__name__}: {e}{cause}"
+                        ) from e
+
+
+def _load(source: str | os.PathLike, parse: Callable[[RowChecker, Mapping[str, Any]], T], *,
+          skip_bad_rows: bool, split: str) -> Loaded[T]:
+    """Validates every row with ``parse``; ids must be unique."""
+    name = str(source)
+    records: list[T] = []
+    problems: list[str] = []
+    seen: dict[str, int] = {}
+    count = 0
+    for index, row in enumerate(read_rows(source, split=split)):
+        count += 1
+        check = RowChecker(name, index)
+        try:
+            if not isinstance(row, Mapping):
+                raise DataError(f"{name} row {index}: must be an object, got {type(row).__name__}")
+            record = parse(check, row)
+            if record.id in seen:
+                check.fail(check.id_field, f"repeats the id {record.id!r} of row {seen[record.id]}")
+        except DataError as e:
+            if not skip_bad_rows:
+                raise
+            problems.append(str(e))
+            continue
+        seen[record.id] = index
+        records.append(record)
+    if count == 0:
+        raise DataError(f"{name}: has no rows")
+    return Loaded(name, records, problems)
+
+
+def load_prompts(source: str | os.PathLike, *, skip_bad_rows: bool = False,
+                 split: str = "train") -> Loaded[PromptRecord]:
+    """Prompts: rows ``{prompt: str | [{role, content}], id?}``."""
+    return _load(source, parse_prompt_row, skip_bad_rows=skip_bad_rows, split=split)
+
+
+def load_anchors(source: str | os.PathLike, *, skip_bad_rows: bool = False,
+                 split: str = "train") -> Loaded[AnchorRecord]:
+    """Nectar-style ranked answers: rows ``{prompt, answers: [{answer, rank}], id?}``."""
+    return _load(source, parse_anchor_row, skip_bad_rows=skip_bad_rows, split=split)
+
+
+def load_healthbench(source: str | os.PathLike, *, skip_bad_rows: bool = False,
+                     split: str = "train") -> Loaded[HealthBenchRecord]:
+    """HealthBench rows (see `jaxrubric.data.schemas.parse_healthbench_row`)."""
+    return _load(source, parse_healthbench_row, skip_bad_rows=skip_bad_rows, split=split)

@@ -1,0 +1,159 @@
+"""`jaxrubric train` and `jaxrubric export`: a config -> models, data and the co-evolution round,
+run by the generic host loop (`train_loop.run_training`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+import optax
+from flax import nnx
+
+import jaxrubric
+from jaxrubric import coevolve
+from jaxrubric import sharding as shd
+from jaxrubric.config import round_config
+from jaxrubric.data import load_anchors, prompt_text
+from jaxrubric.models.transformer import Decoder
+from jaxrubric.train_loop import restore_checkpoint, run_training
+
+_CONFIG_FILE = "config.json"
+
+
+def _optimizer(lr: float, config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+    return optax.chain(
+        optax.clip_by_global_norm(config.optim.max_grad_norm),
+        optax.adamw(lr, b1=config.optim.b1, b2=config.optim.b2,
+                    weight_decay=config.optim.weight_decay),
+    )
+
+
+def _role_model(role: ml_collections.ConfigDict, vocab_size: int, tokenizer: Any,
+                mesh) -> Decoder:
+    """An HF checkpoint from `role.path`, or (empty path) a tiny random Qwen3 over the vocab."""
+    if role.path:
+        return jaxrubric.load_pretrained(role.path, dtype=role.dtype, param_dtype=role.param_dtype,
+                                         mesh=mesh, remat=role.remat)
+    cfg = jaxrubric.tiny_config(
+        "qwen3", vocab_size=vocab_size, eos_token_ids=(tokenizer.eos_token_id,),
+        pad_token_id=tokenizer.pad_token_id, dtype=role.dtype, param_dtype=role.param_dtype,
+        remat=role.remat, vocab_multiple=shd.vocab_multiple(mesh))
+    return shd.shard_model(jaxrubric.init_model(cfg, seed=role.seed), mesh)
+
+
+def _copy_params(model: Decoder):
+    return jax.tree.map(lambda x: x.copy(), nnx.state(model, nnx.Param))
+
+
+class DynamicRubricTask:
+    """The `train_loop.Task` of DynamicRubric co-evolution."""
+
+    def __init__(self, config: ml_collections.ConfigDict):
+        self.config = config
+        self.mesh = shd.make_mesh(dict(config.mesh))
+        ways = shd.batch_ways(self.mesh)
+        if config.data.batch_size % ways:
+            raise ValueError(
+                f"config.data.batch_size={config.data.batch_size} must be a multiple of the "
+                f"{ways} ways the mesh {dict(self.mesh.shape)} splits the batch")
+        tokenizer_path = config.tokenizer or config.policy.path
+        self.tokenizer = jaxrubric.load_tokenizer(tokenizer_path)
+        loaded = load_anchors(config.data.train, skip_bad_rows=config.data.skip_bad_rows)
+        if not loaded.records:
+            raise ValueError(f"{config.data.train}: no usable rows")
+        self.records = loaded.records
+        self.skipped_rows = len(loaded.problems)
+        models = {role: _role_model(config[role], len(self.tokenizer), self.tokenizer, self.mesh)
+                  for role in ("policy", "generator", "verifier")}
+        rc = round_config(config)
+        self.setup = coevolve.build_setup(
+            rc, self.tokenizer, models["policy"], models["generator"], models["verifier"],
+            max_items=config.rubric.max_items, max_item_tokens=config.rubric.max_item_tokens,
+            policy_optimizer=_optimizer(config.optim.policy_lr, config),
+            generator_optimizer=_optimizer(config.optim.generator_lr, config),
+            chat_template_kwargs=dict(config.chat_template_kwargs) or None)
+        frozen = {"verifier": nnx.state(models["verifier"], nnx.Param)}
+        if rc.policy_beta > 0:
+            frozen["policy_ref"] = _copy_params(models["policy"])
+        if rc.generator_beta > 0:
+            frozen["generator_ref"] = _copy_params(models["generator"])
+        self.models = models
+        self._round = coevolve.make_round_step(self.setup, frozen)
+
+    # -------------------------------------------------------------- train_loop.Task
+    def init_state(self, rng: jax.Array):
+        return coevolve.init_state(self.setup, self.models["policy"], self.models["generator"])
+
+    def abstract_state(self):
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                            self.init_state(jax.random.key(0)))
+
+    def round_step(self, state, batch, rng):
+        state, out = self._round(state, batch, rng)
+        return state, {**out["scalars"], "outputs": out["outputs"]}
+
+    def batch(self, position: int) -> dict[str, jax.Array]:
+        cfg = self.config.data
+        rows = [self.records[(position * cfg.batch_size + i) % len(self.records)]
+                for i in range(cfg.batch_size)]
+        host = coevolve.encode_batch(
+            self.tokenizer, [prompt_text(r.messages) for r in rows],
+            [[a.text for a in r.answers[:cfg.num_anchors]] for r in rows],
+            prompt_tokens=cfg.prompt_tokens, policy_tokens=cfg.policy_tokens,
+            anchor_tokens=cfg.anchor_tokens, num_anchors=cfg.num_anchors)
+        return {k: jax.device_put(v, shd.batch_sharding(self.mesh, v.ndim))
+                for k, v in host.items()}
+
+    def text_samples(self, state, batch, metrics) -> dict[str, str]:
+        out = metrics["outputs"]
+        decode = lambda ids, n: self.tokenizer.decode(np.asarray(ids)[:int(n)])  # noqa: E731
+        return {
+            "sample/prompt": self.tokenizer.decode(
+                np.asarray(batch["prompt"][0])[: int(batch["prompt_len"][0])]),
+            "sample/response": decode(out["responses"][0, 0], out["response_len"][0, 0]),
+            "sample/rubric": decode(out["rubrics"][0, 0], out["rubric_len"][0, 0]),
+        }
+
+
+def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
+    """Builds the task and runs (or resumes) training in `workdir`."""
+    workdir = Path(workdir).absolute()
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / _CONFIG_FILE).write_text(config.to_json_best_effort(indent=2))
+    task = DynamicRubricTask(config)
+    return run_training(
+        task, workdir=str(workdir), rounds=config.rounds, seed=config.seed,
+        checkpoint_every=config.checkpoint_every, keep_checkpoints=config.keep_checkpoints,
+        log_every=config.log_every, config=_fingerprinted(config))
+
+
+def _fingerprinted(config: ml_collections.ConfigDict) -> dict:
+    """The config minus what may change on resume (the number of rounds, logging)."""
+    data = json.loads(config.to_json_best_effort())
+    for key in ("rounds", "log_every", "checkpoint_every", "keep_checkpoints"):
+        data.pop(key, None)
+    return data
+
+
+def export(workdir: str | Path, role: str, out: str | Path, *, dtype: str | None = None) -> Path:
+    """Writes the latest checkpoint's `role` (policy or generator) as an HF checkpoint,
+    with the tokenizer beside it."""
+    if role not in ("policy", "generator"):
+        raise ValueError(f"role must be 'policy' or 'generator', got {role!r}")
+    workdir = Path(workdir).absolute()
+    config_file = workdir / _CONFIG_FILE
+    if not config_file.is_file():
+        raise FileNotFoundError(f"missing file {config_file}: is {workdir} a training workdir?")
+    config = ml_collections.ConfigDict(json.loads(config_file.read_text()))
+    task = DynamicRubricTask(config)
+    state, meta = restore_checkpoint(str(workdir), task.abstract_state())
+    model = nnx.merge(task.setup.policy_graph if role == "policy" else
+                      task.setup.generator_graph, state[role])
+    path = jaxrubric.save_pretrained(model, out, dtype=dtype)
+    task.tokenizer.save_pretrained(path)
+    print(f"exported the {role} of round {meta['round']} to {path}")
+    return path
