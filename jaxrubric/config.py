@@ -50,6 +50,44 @@ def base_config() -> ml_collections.ConfigDict:
     return c
 
 
+def paper_recipe(checkpoint: str, chat_template_kwargs: dict | None = None
+                 ) -> ml_collections.ConfigDict:
+    """The DynamicRubric paper settings for an 8B model in every role: K = 8, beta = 0.01,
+    AdamW at lr 1e-6 (policy) / 5e-6 (generator), anchor weight 1, Nectar anchor lists."""
+    config = base_config()
+    config.rounds = 500
+    config.mesh.fsdp = -1
+    for key, value in (chat_template_kwargs or {}).items():
+        config.chat_template_kwargs[key] = value
+    for role in ("policy", "generator", "verifier"):
+        config[role].path = checkpoint
+        config[role].dtype = "bfloat16"
+    for role in ("policy", "generator"):  # trained: fp32 master weights, recomputed layers
+        config[role].param_dtype = "float32"
+        config[role].remat = "full"
+    config.verifier.param_dtype = "bfloat16"  # frozen
+    config.data.train = "berkeley-nest/Nectar"
+    config.data.batch_size = 64
+    config.data.prompt_tokens = 512
+    config.data.policy_tokens = 640
+    config.data.anchor_tokens = 512
+    config.data.num_anchors = 4
+    config.rubric.max_items = 12
+    config.rubric.max_item_tokens = 48
+    config.round.num_responses = 8
+    config.round.num_rubrics = 4
+    config.round.response_tokens = 1024
+    config.round.policy_beta = 0.01
+    config.round.generator_beta = 0.01
+    config.round.anchor_weight = 1.0
+    config.round.logprob_chunk = 256
+    config.optim.policy_lr = 1e-6
+    config.optim.generator_lr = 5e-6
+    config.checkpoint_every = 25
+    config.log_every = 1
+    return config
+
+
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
     """Loads `get_config()` from a file, applies `a.b=value` overrides, resolves paths, checks."""
     path = Path(path)

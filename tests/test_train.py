@@ -69,3 +69,11 @@ def test_config_errors_name_the_key(tmp_path):
         load_config(CONFIG, ["round.num_responses=1"])
     with pytest.raises(ConfigFileError, match="does not exist"):
         load_config(tmp_path / "missing.py")
+
+
+@pytest.mark.parametrize("name", ["qwen3_8b_dynamic_rubric", "llama31_8b_dynamic_rubric"])
+def test_recipes_load_and_check(name):
+    config = load_config(Path(CONFIG).parent / f"{name}.py")
+    assert config.round.num_responses == 8 and config.round.policy_beta == 0.01
+    assert (config.optim.policy_lr, config.optim.generator_lr) == (1e-6, 5e-6)
+    assert config.policy.path and config.data.train
