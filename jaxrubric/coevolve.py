@@ -99,35 +99,42 @@ class RoundSetup:
     generator_optimizer: optax.GradientTransformation
 
 
+def shared_setup_fields(tokenizer: Any, policy: Decoder, generator: Decoder,
+                        verifier: Decoder, chat_template_kwargs: dict | None = None
+                        ) -> dict[str, Any]:
+    """What every round's setup takes from the shared tokenizer and the three models."""
+    sizes = [m.config.vocab_size for m in (policy, generator, verifier)]
+    if len(set(sizes)) != 1 or sizes[0] < len(tokenizer):
+        raise ValueError(f"policy, generator and verifier must share the tokenizer's vocabulary "
+                         f"({len(tokenizer)} tokens); their vocab sizes are {sizes}")
+    verifier_template = tpl.verifier_template(tokenizer, chat_template_kwargs)
+    stops = set(policy.config.eos_token_ids)
+    if tokenizer.eos_token_id is not None:
+        stops.add(tokenizer.eos_token_id)
+    return dict(
+        policy_graph=nnx.graphdef(policy), generator_graph=nnx.graphdef(generator),
+        verifier_graph=nnx.graphdef(verifier), verifier_template=verifier_template,
+        readout=ver.verifier_readout(tokenizer, verifier_template),
+        stop_token_ids=tuple(sorted(stops)),
+        pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
+    )
+
+
 def build_setup(config: RoundConfig, tokenizer: Any, policy: Decoder, generator: Decoder,
                 verifier: Decoder, *, max_items: int, max_item_tokens: int,
                 policy_optimizer: optax.GradientTransformation,
                 generator_optimizer: optax.GradientTransformation,
                 chat_template_kwargs: dict | None = None) -> RoundSetup:
     """Templates, grammar and answer ids from the shared tokenizer; graphs from the models."""
-    vocab = {m.config.vocab_size for m in (policy, generator, verifier)}
-    if len(vocab) != 1 or next(iter(vocab)) < len(tokenizer):
-        raise ValueError(
-            f"policy, generator and verifier must share the tokenizer's vocabulary "
-            f"({len(tokenizer)} tokens); their vocab sizes are "
-            f"{[m.config.vocab_size for m in (policy, generator, verifier)]}")
-    generator_template = tpl.dynamic_rubric_generator_template(
-        tokenizer, config.num_responses, max_items=max_items,
-        chat_template_kwargs=chat_template_kwargs)
-    verifier_template = tpl.verifier_template(tokenizer, chat_template_kwargs)
-    grammar = grammar_lib.build_rubric_grammar(
-        tokenizer, weights=range(1, 6), max_items=max_items, max_item_tokens=max_item_tokens)
-    stops = set(policy.config.eos_token_ids)
-    if tokenizer.eos_token_id is not None:
-        stops.add(tokenizer.eos_token_id)
     return RoundSetup(
-        config=config, policy_graph=nnx.graphdef(policy), generator_graph=nnx.graphdef(generator),
-        verifier_graph=nnx.graphdef(verifier), generator_template=generator_template,
-        verifier_template=verifier_template,
-        readout=ver.verifier_readout(tokenizer, verifier_template), grammar=grammar,
-        stop_token_ids=tuple(sorted(stops)),
-        pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
+        config=config,
+        generator_template=tpl.dynamic_rubric_generator_template(
+            tokenizer, config.num_responses, max_items=max_items,
+            chat_template_kwargs=chat_template_kwargs),
+        grammar=grammar_lib.build_rubric_grammar(
+            tokenizer, weights=range(1, 6), max_items=max_items, max_item_tokens=max_item_tokens),
         policy_optimizer=policy_optimizer, generator_optimizer=generator_optimizer,
+        **shared_setup_fields(tokenizer, policy, generator, verifier, chat_template_kwargs),
     )
 
 
@@ -167,7 +174,7 @@ def completion_logprobs(model: Decoder, prompt: jax.Array, prompt_mask: jax.Arra
                                        chunk_size=chunk_size)
 
 
-def _policy_update(cfg: RoundConfig, graph, optimizer, params, opt_state, ref_params, prompt,
+def policy_update(cfg: RoundConfig, graph, optimizer, params, opt_state, ref_params, prompt,
                    prompt_mask, completion, completion_mask, sampler_logp, advantages,
                    beta: float):
     """One GRPO update (mu optimiser steps) of a role on its own samples."""
@@ -189,7 +196,7 @@ def _policy_update(cfg: RoundConfig, graph, optimizer, params, opt_state, ref_pa
                             num_updates=cfg.num_updates)
 
 
-def _last(metrics: dict[str, jax.Array]) -> dict[str, jax.Array]:
+def last_update_metrics(metrics: dict[str, jax.Array]) -> dict[str, jax.Array]:
     """Metrics of the last of the mu updates."""
     return {k: v[-1] for k, v in metrics.items()}
 
@@ -280,7 +287,7 @@ def dynamic_rubric_round(setup: RoundSetup, state: dict, frozen: dict, batch: di
     if not cfg.freeze_generator:
         gen_adv = grpo.group_advantages(gen_reward, mode=cfg.advantage_mode)
         rows = batch_size * G
-        params, opt_state, gm = _policy_update(
+        params, opt_state, gm = policy_update(
             cfg, setup.generator_graph, setup.generator_optimizer, state["generator"],
             state["generator_opt"], frozen.get("generator_ref"),
             jnp.repeat(gen_input.tokens, G, axis=0), jnp.repeat(gen_input.mask, G, axis=0),
@@ -288,13 +295,13 @@ def dynamic_rubric_round(setup: RoundSetup, state: dict, frozen: dict, batch: di
             jnp.arange(rubrics.tokens.shape[-1]) < rubrics.lengths.reshape(rows, 1),
             rubrics.logprobs.reshape(rows, -1), gen_adv.reshape(rows), cfg.generator_beta)
         new_state.update(generator=params, generator_opt=opt_state)
-        metrics.update({f"generator/{k}": v for k, v in _last(gm).items()})
+        metrics.update({f"generator/{k}": v for k, v in last_update_metrics(gm).items()})
 
     # 6. Policy update on its responses, rewarded by the rubric scores.
     if not cfg.freeze_policy:
         pol_adv = grpo.group_advantages(policy_reward, mode=cfg.advantage_mode)
         rows = batch_size * K
-        params, opt_state, pm = _policy_update(
+        params, opt_state, pm = policy_update(
             cfg, setup.policy_graph, setup.policy_optimizer, state["policy"],
             state["policy_opt"], frozen.get("policy_ref"),
             jnp.repeat(batch["policy_input"], K, axis=0),
@@ -303,17 +310,20 @@ def dynamic_rubric_round(setup: RoundSetup, state: dict, frozen: dict, batch: di
             jnp.arange(cfg.response_tokens) < responses.lengths.reshape(rows, 1),
             responses.logprobs.reshape(rows, -1), pol_adv.reshape(rows), cfg.policy_beta)
         new_state.update(policy=params, policy_opt=opt_state)
-        metrics.update({f"policy/{k}": v for k, v in _last(pm).items()})
+        metrics.update({f"policy/{k}": v for k, v in last_update_metrics(pm).items()})
 
     outputs = {"responses": responses.tokens, "response_len": text_len,
                "rubrics": rubrics.tokens, "rubric_len": rubrics.lengths, "scores": scores}
     return new_state, {"scalars": metrics, "outputs": outputs}
 
 
-def make_round_step(setup: RoundSetup, frozen: dict[str, PyTree]
+def make_round_step(setup: RoundSetup, frozen: dict[str, PyTree],
+                    round_fn: Callable[..., tuple[dict, dict]] | None = None
                     ) -> Callable[[dict, dict, jax.Array], tuple[dict, dict]]:
-    """The jitted round, state donated and its shardings kept; frozen weights are arguments,
-    not constants. The program is built at the first call, from that state's shardings."""
+    """The jitted round (`round_fn`, default the DynamicRubric round), state donated and its
+    shardings kept; frozen weights are arguments, not constants. The program is built at the
+    first call, from that state's shardings."""
+    round_fn = round_fn or dynamic_rubric_round
     compiled: dict[str, Any] = {}
 
     def round_step(state, batch, rng):
@@ -321,8 +331,7 @@ def make_round_step(setup: RoundSetup, frozen: dict[str, PyTree]
             shardings = jax.tree.map(lambda x: x.sharding, state)
             replicated = NamedSharding(jax.tree.leaves(shardings)[0].mesh, PartitionSpec())
             compiled["jitted"] = jax.jit(
-                lambda state, frozen, batch, rng: dynamic_rubric_round(
-                    setup, state, frozen, batch, rng),
+                lambda state, frozen, batch, rng: round_fn(setup, state, frozen, batch, rng),
                 donate_argnums=(0,), out_shardings=(shardings, replicated))
             round_step.jitted = compiled["jitted"]  # exposes the compilation cache to tests
         return compiled["jitted"](state, frozen, batch, rng)

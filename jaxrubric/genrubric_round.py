@@ -1,0 +1,262 @@
+"""The GenRubric round: one compiled program from queries to two GRPO updates.
+
+GenRubric (DESIGN.md sections 1 and 3): the generator sees the query alone and samples G rubric
+groups with signed weights (grammar-constrained) -> token-level parse -> each group induces one
+response (the policy answers the query while shown that rubric) -> one verifier call judges
+every induced response under every group -> sequence rewards (cross-rubric comprehensiveness +
+group discrimination) and item rewards (discriminative + non-redundant) -> token-level
+advantages (item tokens get item credit on top of the sequence advantage) -> generator GRPO
+update -> the policy, rewarded on each induced response by the other valid groups' scores ->
+policy GRPO update.
+
+It shares the DynamicRubric round's config, state layout (`coevolve.init_state`), batch keys and
+update code; what differs is the setup (query-only generator prompt, the induced-response
+prompt, signed weights) and the rewards.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from jaxrubric import sampling
+from jaxrubric.coevolve import (RoundConfig, RoundSetup, last_update_metrics, make_round_step,
+                                policy_update, shared_setup_fields)
+from jaxrubric.models.transformer import Decoder
+from jaxrubric.rewards import genrubric as gr
+from jaxrubric.rl import grpo
+from jaxrubric.rubric import grammar as grammar_lib
+from jaxrubric.rubric import templates as tpl
+from jaxrubric.rubric import verifier as ver
+
+PyTree = Any
+GENRUBRIC_WEIGHTS = (-5, -4, -3, -2, -1, 1, 2, 3, 4, 5)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class GenRubricSetup(RoundSetup):
+    """A `RoundSetup` whose generator template holds the query only and whose grammar admits
+    signed weights, plus the prompt under which the policy writes rubric-induced responses.
+    """
+
+    induced_template: tpl.TokenTemplate
+
+
+def build_genrubric_setup(config: RoundConfig, tokenizer: Any, policy: Decoder,
+                          generator: Decoder, verifier: Decoder, *, max_items: int,
+                          max_item_tokens: int, policy_optimizer: optax.GradientTransformation,
+                          generator_optimizer: optax.GradientTransformation,
+                          weights: Iterable[int] = GENRUBRIC_WEIGHTS,
+                          chat_template_kwargs: Mapping[str, Any] | None = None
+                          ) -> GenRubricSetup:
+    """Templates, the signed-weight grammar and answer ids from the shared tokenizer.
+
+    Induced responses are `config.response_tokens` long, like DynamicRubric's responses.
+    Raises ValueError for fewer than two rubric groups (a group is scored by the others) or
+    weights without a positive one (every group would be malformed).
+    """
+    weights = tuple(int(w) for w in weights)
+    if config.num_rubrics < 2:
+        raise ValueError("GenRubric needs num_rubrics >= 2: each group's induced response is "
+                         f"judged by the other groups, got {config.num_rubrics}")
+    if not any(w > 0 for w in weights):
+        raise ValueError(f"GenRubric weights need a positive weight, got {weights}")
+    return GenRubricSetup(
+        config=config,
+        generator_template=tpl.genrubric_generator_template(
+            tokenizer, max_items=max_items, chat_template_kwargs=chat_template_kwargs),
+        grammar=grammar_lib.build_rubric_grammar(
+            tokenizer, weights=weights, max_items=max_items, max_item_tokens=max_item_tokens),
+        policy_optimizer=policy_optimizer, generator_optimizer=generator_optimizer,
+        **shared_setup_fields(tokenizer, policy, generator, verifier, chat_template_kwargs),
+        induced_template=tpl.induced_response_template(tokenizer, chat_template_kwargs),
+    )
+
+
+class GeneratorCredit(NamedTuple):
+    """GenRubric rewards of G groups and their token-level advantages (leading dims `[...]`)."""
+
+    item_valid: jax.Array  # [..., G, M] parsed items of complete rubrics
+    group_valid: jax.Array  # [..., G] well-formed groups (they take part in evaluation)
+    scores: jax.Array  # [..., G_resp, G_rub] S_{g_rub}(r_{g_resp}), 0 under malformed groups
+    sequence_reward: jax.Array  # [..., G]
+    item_reward: jax.Array  # [..., G, M]
+    token_advantages: jax.Array  # [..., G, L] per rubric token
+
+
+def generator_credit(parsed: grammar_lib.ParsedRubric, verdicts: jax.Array, *,
+                     soft: bool = False, advantage_mode: grpo.AdvantageMode = "group_std"
+                     ) -> GeneratorCredit:
+    """Rewards and token advantages of parsed rubrics `[..., G, ...]` from verdicts
+    `[..., G_resp, G_rub, M]` (hard 0/1, or p_yes with `soft`).
+
+    An incomplete rubric (no end token, or a forbidden token) counts as malformed: its items
+    are dropped, so `genrubric_rewards` gives it reward 0 and keeps it out of evaluation.
+    """
+    item_valid = parsed.valid & parsed.complete[..., None]
+    group_valid = gr.group_validity(parsed.weights, item_valid)
+    sequence, item = gr.genrubric_rewards(verdicts, parsed.weights, item_valid, soft_items=soft)
+    advantages = gr.genrubric_token_advantages(
+        sequence, item, item_valid & group_valid[..., None], parsed.token_item,
+        mode=advantage_mode)
+    scores = gr.group_scores(verdicts, parsed.weights, item_valid)
+    return GeneratorCredit(item_valid, group_valid, scores, sequence, item, advantages)
+
+
+def induced_response_rewards(scores: jax.Array, group_valid: jax.Array
+                             ) -> tuple[jax.Array, jax.Array]:
+    """Policy rewards `[..., G]` of the induced responses and which of them have any.
+
+    r_g is rewarded by the mean of `S_{g'}(r_g)` over the valid groups g' != g: its own rubric
+    is left out, since the response was written to satisfy it. A response with no other valid
+    group to judge it is not rewarded (valid False). Unlike `cross_rubric_comprehensiveness`,
+    a response induced by a malformed group still counts: it is an answer to the query.
+    """
+    g = scores.shape[-1]
+    judges = group_valid[..., None, :] & ~jnp.eye(g, dtype=bool)
+    reward = grpo.safe_ratio((scores * judges).sum(-1), judges.sum(-1))
+    return reward, judges.any(-1)
+
+
+def _valid_mean(x: jax.Array, valid: jax.Array) -> jax.Array:
+    """Mean over the valid entries (0 when there are none): metrics skip masked slots."""
+    return grpo.safe_ratio(jnp.where(valid, x, 0.0).sum(), valid.sum())
+
+
+def _valid_std(x: jax.Array, valid: jax.Array) -> jax.Array:
+    """Population std over the valid entries of the last axis."""
+    n = valid.sum(-1, keepdims=True)
+    mean = grpo.safe_ratio(jnp.where(valid, x, 0.0).sum(-1, keepdims=True), n)
+    return jnp.sqrt(grpo.safe_ratio(jnp.where(valid, jnp.square(x - mean), 0.0).sum(-1), n[..., 0]))
+
+
+def genrubric_round(setup: GenRubricSetup, state: dict, frozen: dict, batch: dict,
+                    rng: jax.Array) -> tuple[dict, dict[str, Any]]:
+    """One GenRubric co-evolution round (pure; `make_genrubric_round_step` jits it).
+
+    `batch`: `prompt [B, Lq]` + `prompt_len [B]` (the plain query, spliced into templates);
+    `policy_input`, `policy_mask`, `policy_len` as in the DynamicRubric round (unused here: the
+    policy answers under the induced-response prompt); anchors, if present, are unused.
+    `frozen`: `verifier` params, and `policy_ref` / `generator_ref` params when their beta > 0.
+    Malformed groups get reward 0 (DESIGN.md), not `config.invalid_rubric_reward`.
+    """
+    cfg = setup.config
+    k_generator, k_policy = jax.random.split(rng)
+    policy = nnx.merge(setup.policy_graph, state["policy"])
+    generator = nnx.merge(setup.generator_graph, state["generator"])
+    verifier = nnx.merge(setup.verifier_graph, frozen["verifier"])
+    batch_size = batch["prompt"].shape[0]
+    G, N = cfg.num_rubrics, cfg.response_tokens
+    rows = batch_size * G
+
+    # 1. The generator writes G rubric groups from the query alone (signed weights).
+    gen_input = tpl.assemble(setup.generator_template, [batch["prompt"]], [batch["prompt_len"]],
+                             pad_id=setup.pad_id, align="right")
+    rubrics = sampling.sample(
+        generator, gen_input.tokens, gen_input.mask, gen_input.lengths, k_generator,
+        num_samples=G, max_new_tokens=setup.grammar.max_rubric_tokens,
+        temperature=cfg.generator_temperature, grammar=setup.grammar)
+    # 2. Token-level parse.
+    parsed = grammar_lib.parse_rubric_tokens(rubrics.tokens, setup.grammar, setup.pad_id)
+    item_valid = parsed.valid & parsed.complete[..., None]
+
+    # 3. Rubric g induces one response: the policy answers the query while shown rubric g
+    # (its tokens without the end token).
+    slots = {"rubric": (rubrics.tokens, rubrics.lengths - rubrics.finished.astype(jnp.int32)),
+             "prompt": (batch["prompt"][:, None], batch["prompt_len"][:, None])}
+    induced = tpl.assemble(setup.induced_template,
+                           [slots[s][0] for s in setup.induced_template.slots],
+                           [slots[s][1] for s in setup.induced_template.slots],
+                           pad_id=setup.pad_id, align="right")  # [B, G, Lind], left-padded
+    induced_tokens = induced.tokens.reshape(rows, -1)
+    induced_mask = induced.mask.reshape(rows, -1)
+    sampled = sampling.sample(
+        policy, induced_tokens, induced_mask, induced.lengths.reshape(rows), k_policy,
+        num_samples=1, max_new_tokens=N, temperature=cfg.policy_temperature, top_p=cfg.top_p,
+        stop_token_ids=setup.stop_token_ids)
+    responses = jax.tree.map(lambda x: x.reshape(batch_size, G, *x.shape[2:]), sampled)
+    text_len = responses.lengths - responses.finished.astype(jnp.int32)  # without the stop
+
+    # 4. Every induced response under every group, one verifier call: [B, G_resp, G_rub, M].
+    prefix = ver.verifier_prefix(setup.verifier_template, batch["prompt"], batch["prompt_len"],
+                                 responses.tokens, text_len, pad_id=setup.pad_id)
+    judged = ver.verify(verifier, setup.readout, prefix.tokens, prefix.lengths, parsed.items,
+                        parsed.item_lengths, item_valid, pad_id=setup.pad_id)
+    verdicts = judged.p_yes if cfg.soft_verdicts else judged.verdicts.astype(jnp.float32)
+
+    # 5. Rewards and token-level credit for the generator, cross-rubric rewards for the policy.
+    credit = generator_credit(parsed, verdicts, soft=cfg.soft_verdicts,
+                              advantage_mode=cfg.advantage_mode)
+    group_valid = credit.group_valid
+    item_mask = item_valid & group_valid[..., None]
+    policy_reward, policy_valid = induced_response_rewards(credit.scores, group_valid)
+    negative = parsed.valid & (parsed.weights < 0)
+    metrics = {
+        "generator/reward": credit.sequence_reward.mean(),
+        "generator/comprehensiveness": _valid_mean(
+            gr.cross_rubric_comprehensiveness(credit.scores, group_valid), group_valid),
+        "generator/discrimination": _valid_mean(
+            gr.group_discrimination(credit.scores, group_valid), group_valid),
+        "generator/item_reward": _valid_mean(credit.item_reward, item_mask),
+        "generator/item_discriminative": _valid_mean(gr.item_discriminative(
+            verdicts, item_valid, group_valid, soft=cfg.soft_verdicts), item_mask),
+        "generator/item_nonredundant": _valid_mean(gr.item_nonredundant(
+            verdicts, item_valid, group_valid, soft=cfg.soft_verdicts), item_mask),
+        "rubric/valid_rate": group_valid.mean(),
+        "rubric/complete_rate": parsed.complete.mean(),
+        "rubric/items": parsed.valid.sum(-1).mean(),
+        "rubric/negative_items": negative.sum(-1).mean(),
+        "rubric/tokens": rubrics.lengths.mean(),
+        "policy/reward": _valid_mean(policy_reward, policy_valid),
+        "policy/reward_std_in_group": _valid_std(policy_reward, policy_valid).mean(),
+        "policy/response_length": responses.lengths.mean(),
+        "policy/truncated": 1.0 - responses.finished.mean(),
+        "verifier/yes_rate": _valid_mean(
+            verdicts, jnp.broadcast_to(item_valid[:, None], verdicts.shape)),
+    }
+
+    new_state = dict(state, round=state["round"] + 1)
+    # 6. Generator update on its rubric tokens with token-level advantages [B*G, Lrub].
+    if not cfg.freeze_generator:
+        params, opt_state, gm = policy_update(
+            cfg, setup.generator_graph, setup.generator_optimizer, state["generator"],
+            state["generator_opt"], frozen.get("generator_ref"),
+            jnp.repeat(gen_input.tokens, G, axis=0), jnp.repeat(gen_input.mask, G, axis=0),
+            rubrics.tokens.reshape(rows, -1),
+            jnp.arange(rubrics.tokens.shape[-1]) < rubrics.lengths.reshape(rows, 1),
+            rubrics.logprobs.reshape(rows, -1), credit.token_advantages.reshape(rows, -1),
+            cfg.generator_beta)
+        new_state.update(generator=params, generator_opt=opt_state)
+        metrics.update({f"generator/{k}": v for k, v in last_update_metrics(gm).items()})
+
+    # 7. Policy update on the induced responses, advantages over the G responses of a query.
+    if not cfg.freeze_policy:
+        pol_adv = grpo.group_advantages(policy_reward, mode=cfg.advantage_mode,
+                                        valid=policy_valid)
+        params, opt_state, pm = policy_update(
+            cfg, setup.policy_graph, setup.policy_optimizer, state["policy"],
+            state["policy_opt"], frozen.get("policy_ref"), induced_tokens, induced_mask,
+            responses.tokens.reshape(rows, -1),
+            jnp.arange(N) < responses.lengths.reshape(rows, 1),
+            responses.logprobs.reshape(rows, -1), pol_adv.reshape(rows), cfg.policy_beta)
+        new_state.update(policy=params, policy_opt=opt_state)
+        metrics.update({f"policy/{k}": v for k, v in last_update_metrics(pm).items()})
+
+    outputs = {"responses": responses.tokens, "response_len": text_len,
+               "rubrics": rubrics.tokens, "rubric_len": rubrics.lengths,
+               "rubric_weights": parsed.weights, "rubric_valid": item_valid,
+               "group_valid": group_valid, "scores": credit.scores,
+               "generator_reward": credit.sequence_reward, "policy_reward": policy_reward}
+    return new_state, {"scalars": metrics, "outputs": outputs}
+
+
+def make_genrubric_round_step(setup: GenRubricSetup, frozen: dict[str, PyTree]
+                              ) -> Callable[[dict, dict, jax.Array], tuple[dict, dict]]:
+    """The jitted GenRubric round (see `coevolve.make_round_step`)."""
+    return make_round_step(setup, frozen, genrubric_round)
