@@ -158,17 +158,17 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     unknown = set(config.keys()) - set(base_config().keys())
     if unknown:
         raise ConfigFileError(f"unknown config keys {sorted(unknown)}")
-    if config.method != "dynamic_rubric":
-        raise ConfigFileError(f"config.method {config.method!r}: this trainer runs "
-                              "'dynamic_rubric' rounds")
+    if config.method not in ("dynamic_rubric", "genrubric"):
+        raise ConfigFileError(f"config.method {config.method!r} is not 'dynamic_rubric' or "
+                              "'genrubric'")
     for key in ("rounds", "data.batch_size", "checkpoint_every", "keep_checkpoints",
                 "log_every", "rubric.max_items", "rubric.max_item_tokens"):
         if _get(config, key) < 1:
             raise ConfigFileError(f"config.{key} must be >= 1, got {_get(config, key)}")
     if not config.data.train:
         raise ConfigFileError("config.data.train: no training data file given")
-    if not Path(config.data.train).exists() and "/" in config.data.train and \
-            Path(config.data.train).suffix:
+    local_file = Path(config.data.train).suffix in (".jsonl", ".json", ".parquet")
+    if local_file and not Path(config.data.train).exists():
         raise ConfigFileError(f"config.data.train: {config.data.train} does not exist")
     try:
         round_config(config)

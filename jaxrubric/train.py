@@ -18,6 +18,7 @@ from jaxrubric import coevolve
 from jaxrubric import sharding as shd
 from jaxrubric.config import round_config
 from jaxrubric.data import load_anchors, prompt_text
+from jaxrubric.genrubric_round import build_genrubric_setup, genrubric_round
 from jaxrubric.models.transformer import Decoder
 from jaxrubric.train_loop import restore_checkpoint, run_training
 
@@ -49,8 +50,16 @@ def _copy_params(model: Decoder):
     return jax.tree.map(lambda x: x.copy(), nnx.state(model, nnx.Param))
 
 
-class DynamicRubricTask:
-    """The `train_loop.Task` of DynamicRubric co-evolution."""
+# config.method -> (setup builder, round function)
+_METHODS = {
+    "dynamic_rubric": (coevolve.build_setup, coevolve.dynamic_rubric_round),
+    "genrubric": (build_genrubric_setup, genrubric_round),
+}
+
+
+class CoevolveTask:
+    """The `train_loop.Task` of co-evolution by either method (`config.method`). GenRubric
+    ignores the anchor answers of its data rows."""
 
     def __init__(self, config: ml_collections.ConfigDict):
         self.config = config
@@ -70,7 +79,8 @@ class DynamicRubricTask:
         models = {role: _role_model(config[role], len(self.tokenizer), self.tokenizer, self.mesh)
                   for role in ("policy", "generator", "verifier")}
         rc = round_config(config)
-        self.setup = coevolve.build_setup(
+        build, round_fn = _METHODS[config.method]
+        self.setup = build(
             rc, self.tokenizer, models["policy"], models["generator"], models["verifier"],
             max_items=config.rubric.max_items, max_item_tokens=config.rubric.max_item_tokens,
             policy_optimizer=_optimizer(config.optim.policy_lr, config),
@@ -82,7 +92,7 @@ class DynamicRubricTask:
         if rc.generator_beta > 0:
             frozen["generator_ref"] = _copy_params(models["generator"])
         self.models = models
-        self._round = coevolve.make_round_step(self.setup, frozen)
+        self._round = coevolve.make_round_step(self.setup, frozen, round_fn)
 
     # -------------------------------------------------------------- train_loop.Task
     def init_state(self, rng: jax.Array):
@@ -124,7 +134,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     workdir = Path(workdir).absolute()
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / _CONFIG_FILE).write_text(config.to_json_best_effort(indent=2))
-    task = DynamicRubricTask(config)
+    task = CoevolveTask(config)
     return run_training(
         task, workdir=str(workdir), rounds=config.rounds, seed=config.seed,
         checkpoint_every=config.checkpoint_every, keep_checkpoints=config.keep_checkpoints,
@@ -149,7 +159,7 @@ def export(workdir: str | Path, role: str, out: str | Path, *, dtype: str | None
     if not config_file.is_file():
         raise FileNotFoundError(f"missing file {config_file}: is {workdir} a training workdir?")
     config = ml_collections.ConfigDict(json.loads(config_file.read_text()))
-    task = DynamicRubricTask(config)
+    task = CoevolveTask(config)
     state, meta = restore_checkpoint(str(workdir), task.abstract_state())
     model = nnx.merge(task.setup.policy_graph if role == "policy" else
                       task.setup.generator_graph, state[role])

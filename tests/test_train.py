@@ -12,7 +12,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import jaxrubric
 from jaxrubric.cli import main
 from jaxrubric.config import ConfigFileError, load_config
-from jaxrubric.train import DynamicRubricTask
+from jaxrubric.train import CoevolveTask
 from jaxrubric.train_loop import restore_checkpoint
 
 CONFIG = str(Path(__file__).parents[1] / "configs" / "tiny_dynamic_rubric.py")
@@ -26,7 +26,7 @@ def _train(workdir, rounds):
 
 def _final_state(workdir):
     config = load_config(CONFIG, [o.removeprefix("--config.") for o in SMALL])
-    task = DynamicRubricTask(config)
+    task = CoevolveTask(config)
     state, meta = restore_checkpoint(str(workdir), task.abstract_state())
     return jax.device_get(state), meta
 
@@ -77,3 +77,16 @@ def test_recipes_load_and_check(name):
     assert config.round.num_responses == 8 and config.round.policy_beta == 0.01
     assert (config.optim.policy_lr, config.optim.generator_lr) == (1e-6, 5e-6)
     assert config.policy.path and config.data.train
+
+
+@pytest.mark.slow
+def test_genrubric_config_trains_and_resumes(tmp_path, capsys):
+    config = str(Path(CONFIG).parent / "tiny_genrubric.py")
+    args = ["train", "--config", config, "--workdir", str(tmp_path), *SMALL]
+    assert main([*args, "--config.rounds=1"]) == 0
+    assert main([*args, "--config.rounds=2"]) == 0
+    assert "resumed from round 1" in capsys.readouterr().out
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert {"generator/comprehensiveness", "rubric/negative_items"} <= set(
+        events.Tags()["scalars"])
