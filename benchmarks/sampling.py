@@ -77,7 +77,7 @@ def main() -> None:
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}, torch {torch.__version__} "
           f"({torch.get_num_threads()} threads); batch {BATCH}, prompt {PROMPT}, new {NEW}, "
           f"vocab {VOCAB}, fp32, greedy")
-    print(f"| model | jaxrubric tok/s | transformers tok/s | speed-up | first call s | same tokens |")
+    print("| model | jaxrubric tok/s | transformers tok/s | speed-up | first call s | same tokens |")
     print("|---|---|---|---|---|---|")
     for size in SIZES:
         r = run(size, args.repeats, scan_layers=not args.unrolled)

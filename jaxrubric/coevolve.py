@@ -98,6 +98,12 @@ class RoundSetup:
     policy_optimizer: optax.GradientTransformation
     generator_optimizer: optax.GradientTransformation
 
+    def models(self, state: dict, frozen: dict) -> tuple[Decoder, Decoder, Decoder]:
+        """Policy, generator and verifier modules over the round's current weights."""
+        return (nnx.merge(self.policy_graph, state["policy"]),
+                nnx.merge(self.generator_graph, state["generator"]),
+                nnx.merge(self.verifier_graph, frozen["verifier"]))
+
 
 def shared_setup_fields(tokenizer: Any, policy: Decoder, generator: Decoder,
                         verifier: Decoder, chat_template_kwargs: dict | None = None
@@ -213,9 +219,7 @@ def dynamic_rubric_round(setup: RoundSetup, state: dict, frozen: dict, batch: di
     """
     cfg = setup.config
     k_policy, k_generator = jax.random.split(rng)
-    policy = nnx.merge(setup.policy_graph, state["policy"])
-    generator = nnx.merge(setup.generator_graph, state["generator"])
-    verifier = nnx.merge(setup.verifier_graph, frozen["verifier"])
+    policy, generator, verifier = setup.models(state, frozen)
     batch_size = batch["prompt"].shape[0]
     K, G = cfg.num_responses, cfg.num_rubrics
 

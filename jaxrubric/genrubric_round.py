@@ -23,7 +23,6 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
-from flax import nnx
 
 from jaxrubric import sampling
 from jaxrubric.coevolve import (RoundConfig, RoundSetup, last_update_metrics, make_round_step,
@@ -148,9 +147,7 @@ def genrubric_round(setup: GenRubricSetup, state: dict, frozen: dict, batch: dic
     """
     cfg = setup.config
     k_generator, k_policy = jax.random.split(rng)
-    policy = nnx.merge(setup.policy_graph, state["policy"])
-    generator = nnx.merge(setup.generator_graph, state["generator"])
-    verifier = nnx.merge(setup.verifier_graph, frozen["verifier"])
+    policy, generator, verifier = setup.models(state, frozen)
     batch_size = batch["prompt"].shape[0]
     G, N = cfg.num_rubrics, cfg.response_tokens
     rows = batch_size * G
