@@ -207,6 +207,34 @@ def last_update_metrics(metrics: dict[str, jax.Array]) -> dict[str, jax.Array]:
     return {k: v[-1] for k, v in metrics.items()}
 
 
+def update_role(setup: RoundSetup, role: str, state: dict, frozen: dict, prompt: jax.Array,
+                prompt_mask: jax.Array, samples: sampling.SampleResult, advantages: jax.Array
+                ) -> tuple[dict, dict[str, jax.Array]]:
+    """GRPO update of `role` ("policy" or "generator") on its samples `[B, S, L]`, each row
+    after its prompt `[B*S, P]`; `advantages` are `[B, S]` or token-level `[B, S, L]`.
+    Returns the role's new state entries and its metrics, prefixed by the role."""
+    rows = samples.tokens.shape[0] * samples.tokens.shape[1]
+    tokens = samples.tokens.reshape(rows, -1)
+    params, opt_state, metrics = policy_update(
+        setup.config, getattr(setup, f"{role}_graph"), getattr(setup, f"{role}_optimizer"),
+        state[role], state[f"{role}_opt"], frozen.get(f"{role}_ref"), prompt, prompt_mask,
+        tokens, jnp.arange(tokens.shape[1]) < samples.lengths.reshape(rows, 1),
+        samples.logprobs.reshape(rows, -1), advantages.reshape(rows, *advantages.shape[2:]),
+        getattr(setup.config, f"{role}_beta"))
+    return ({role: params, f"{role}_opt": opt_state},
+            {f"{role}/{k}": v for k, v in last_update_metrics(metrics).items()})
+
+
+def write_rubrics(setup: RoundSetup, generator: Decoder, gen_input: tpl.Packed,
+                  rng: jax.Array) -> tuple[sampling.SampleResult, grammar_lib.ParsedRubric]:
+    """The generator samples G grammar-constrained rubrics per (left-padded) prompt, parsed."""
+    rubrics = sampling.sample(
+        generator, gen_input.tokens, gen_input.mask, gen_input.lengths, rng,
+        num_samples=setup.config.num_rubrics, max_new_tokens=setup.grammar.max_rubric_tokens,
+        temperature=setup.config.generator_temperature, grammar=setup.grammar)
+    return rubrics, grammar_lib.parse_rubric_tokens(rubrics.tokens, setup.grammar, setup.pad_id)
+
+
 def dynamic_rubric_round(setup: RoundSetup, state: dict, frozen: dict, batch: dict,
                          rng: jax.Array) -> tuple[dict, dict[str, jax.Array]]:
     """One DynamicRubric co-evolution round (pure; `make_round_step` jits it).
@@ -220,7 +248,6 @@ def dynamic_rubric_round(setup: RoundSetup, state: dict, frozen: dict, batch: di
     cfg = setup.config
     k_policy, k_generator = jax.random.split(rng)
     policy, generator, verifier = setup.models(state, frozen)
-    batch_size = batch["prompt"].shape[0]
     K, G = cfg.num_responses, cfg.num_rubrics
 
     # 1. The policy answers, K times per prompt.
@@ -236,11 +263,7 @@ def dynamic_rubric_round(setup: RoundSetup, state: dict, frozen: dict, batch: di
         [batch["prompt"], *(responses.tokens[:, k] for k in range(K))],
         [batch["prompt_len"], *(text_len[:, k] for k in range(K))],
         pad_id=setup.pad_id, align="right")
-    rubrics = sampling.sample(
-        generator, gen_input.tokens, gen_input.mask, gen_input.lengths, k_generator,
-        num_samples=G, max_new_tokens=setup.grammar.max_rubric_tokens,
-        temperature=cfg.generator_temperature, grammar=setup.grammar)
-    parsed = grammar_lib.parse_rubric_tokens(rubrics.tokens, setup.grammar, setup.pad_id)
+    rubrics, parsed = write_rubrics(setup, generator, gen_input, k_generator)
 
     # 3. The verifier judges every response and every anchor answer under every item.
     def judge(answers, lengths):
@@ -290,31 +313,20 @@ def dynamic_rubric_round(setup: RoundSetup, state: dict, frozen: dict, batch: di
     # 5. Generator update on its rubric tokens, advantages within each prompt's G rubrics.
     if not cfg.freeze_generator:
         gen_adv = grpo.group_advantages(gen_reward, mode=cfg.advantage_mode)
-        rows = batch_size * G
-        params, opt_state, gm = policy_update(
-            cfg, setup.generator_graph, setup.generator_optimizer, state["generator"],
-            state["generator_opt"], frozen.get("generator_ref"),
-            jnp.repeat(gen_input.tokens, G, axis=0), jnp.repeat(gen_input.mask, G, axis=0),
-            rubrics.tokens.reshape(rows, -1),
-            jnp.arange(rubrics.tokens.shape[-1]) < rubrics.lengths.reshape(rows, 1),
-            rubrics.logprobs.reshape(rows, -1), gen_adv.reshape(rows), cfg.generator_beta)
-        new_state.update(generator=params, generator_opt=opt_state)
-        metrics.update({f"generator/{k}": v for k, v in last_update_metrics(gm).items()})
+        updated, role_metrics = update_role(
+            setup, "generator", state, frozen, jnp.repeat(gen_input.tokens, G, axis=0),
+            jnp.repeat(gen_input.mask, G, axis=0), rubrics, gen_adv)
+        new_state.update(updated)
+        metrics.update(role_metrics)
 
     # 6. Policy update on its responses, rewarded by the rubric scores.
     if not cfg.freeze_policy:
         pol_adv = grpo.group_advantages(policy_reward, mode=cfg.advantage_mode)
-        rows = batch_size * K
-        params, opt_state, pm = policy_update(
-            cfg, setup.policy_graph, setup.policy_optimizer, state["policy"],
-            state["policy_opt"], frozen.get("policy_ref"),
-            jnp.repeat(batch["policy_input"], K, axis=0),
-            jnp.repeat(batch["policy_mask"], K, axis=0),
-            responses.tokens.reshape(rows, -1),
-            jnp.arange(cfg.response_tokens) < responses.lengths.reshape(rows, 1),
-            responses.logprobs.reshape(rows, -1), pol_adv.reshape(rows), cfg.policy_beta)
-        new_state.update(policy=params, policy_opt=opt_state)
-        metrics.update({f"policy/{k}": v for k, v in last_update_metrics(pm).items()})
+        updated, role_metrics = update_role(
+            setup, "policy", state, frozen, jnp.repeat(batch["policy_input"], K, axis=0),
+            jnp.repeat(batch["policy_mask"], K, axis=0), responses, pol_adv)
+        new_state.update(updated)
+        metrics.update(role_metrics)
 
     outputs = {"responses": responses.tokens, "response_len": text_len,
                "rubrics": rubrics.tokens, "rubric_len": rubrics.lengths, "scores": scores}

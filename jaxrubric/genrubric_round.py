@@ -25,8 +25,8 @@ import jax.numpy as jnp
 import optax
 
 from jaxrubric import sampling
-from jaxrubric.coevolve import (RoundConfig, RoundSetup, last_update_metrics, make_round_step,
-                                policy_update, shared_setup_fields)
+from jaxrubric.coevolve import (RoundConfig, RoundSetup, make_round_step, shared_setup_fields,
+                                update_role, write_rubrics)
 from jaxrubric.models.transformer import Decoder
 from jaxrubric.rewards import genrubric as gr
 from jaxrubric.rl import grpo
@@ -155,12 +155,8 @@ def genrubric_round(setup: GenRubricSetup, state: dict, frozen: dict, batch: dic
     # 1. The generator writes G rubric groups from the query alone (signed weights).
     gen_input = tpl.assemble(setup.generator_template, [batch["prompt"]], [batch["prompt_len"]],
                              pad_id=setup.pad_id, align="right")
-    rubrics = sampling.sample(
-        generator, gen_input.tokens, gen_input.mask, gen_input.lengths, k_generator,
-        num_samples=G, max_new_tokens=setup.grammar.max_rubric_tokens,
-        temperature=cfg.generator_temperature, grammar=setup.grammar)
-    # 2. Token-level parse.
-    parsed = grammar_lib.parse_rubric_tokens(rubrics.tokens, setup.grammar, setup.pad_id)
+    # 2. ... parsed at the token level.
+    rubrics, parsed = write_rubrics(setup, generator, gen_input, k_generator)
     item_valid = parsed.valid & parsed.complete[..., None]
 
     # 3. Rubric g induces one response: the policy answers the query while shown rubric g
@@ -221,29 +217,20 @@ def genrubric_round(setup: GenRubricSetup, state: dict, frozen: dict, batch: dic
     new_state = dict(state, round=state["round"] + 1)
     # 6. Generator update on its rubric tokens with token-level advantages [B*G, Lrub].
     if not cfg.freeze_generator:
-        params, opt_state, gm = policy_update(
-            cfg, setup.generator_graph, setup.generator_optimizer, state["generator"],
-            state["generator_opt"], frozen.get("generator_ref"),
-            jnp.repeat(gen_input.tokens, G, axis=0), jnp.repeat(gen_input.mask, G, axis=0),
-            rubrics.tokens.reshape(rows, -1),
-            jnp.arange(rubrics.tokens.shape[-1]) < rubrics.lengths.reshape(rows, 1),
-            rubrics.logprobs.reshape(rows, -1), credit.token_advantages.reshape(rows, -1),
-            cfg.generator_beta)
-        new_state.update(generator=params, generator_opt=opt_state)
-        metrics.update({f"generator/{k}": v for k, v in last_update_metrics(gm).items()})
+        updated, role_metrics = update_role(
+            setup, "generator", state, frozen, jnp.repeat(gen_input.tokens, G, axis=0),
+            jnp.repeat(gen_input.mask, G, axis=0), rubrics, credit.token_advantages)
+        new_state.update(updated)
+        metrics.update(role_metrics)
 
     # 7. Policy update on the induced responses, advantages over the G responses of a query.
     if not cfg.freeze_policy:
         pol_adv = grpo.group_advantages(policy_reward, mode=cfg.advantage_mode,
                                         valid=policy_valid)
-        params, opt_state, pm = policy_update(
-            cfg, setup.policy_graph, setup.policy_optimizer, state["policy"],
-            state["policy_opt"], frozen.get("policy_ref"), induced_tokens, induced_mask,
-            responses.tokens.reshape(rows, -1),
-            jnp.arange(N) < responses.lengths.reshape(rows, 1),
-            responses.logprobs.reshape(rows, -1), pol_adv.reshape(rows), cfg.policy_beta)
-        new_state.update(policy=params, policy_opt=opt_state)
-        metrics.update({f"policy/{k}": v for k, v in last_update_metrics(pm).items()})
+        updated, role_metrics = update_role(setup, "policy", state, frozen, induced_tokens,
+                                            induced_mask, responses, pol_adv)
+        new_state.update(updated)
+        metrics.update(role_metrics)
 
     outputs = {"responses": responses.tokens, "response_len": text_len,
                "rubrics": rubrics.tokens, "rubric_len": rubrics.lengths,
