@@ -50,11 +50,16 @@ def base_config() -> ml_collections.ConfigDict:
     return c
 
 
-def paper_recipe(checkpoint: str, chat_template_kwargs: dict | None = None
-                 ) -> ml_collections.ConfigDict:
-    """The DynamicRubric paper settings for an 8B model in every role: K = 8, beta = 0.01,
-    AdamW at lr 1e-6 (policy) / 5e-6 (generator), anchor weight 1, Nectar anchor lists."""
+def paper_recipe(checkpoint: str, chat_template_kwargs: dict | None = None,
+                 method: str = "dynamic_rubric") -> ml_collections.ConfigDict:
+    """The paper settings for an 8B model in every role: K = 8, beta = 0.01, AdamW at lr 1e-6
+    (policy) / 5e-6 (generator), anchor weight 1, Nectar anchor lists.
+
+    GenRubric uses the same optimiser settings; it writes G = 4 signed groups per query (each
+    inducing one response, judged by the other three) and ignores the anchor answers.
+    """
     config = base_config()
+    config.method = method
     config.rounds = 500
     config.mesh.fsdp = -1
     for key, value in (chat_template_kwargs or {}).items():

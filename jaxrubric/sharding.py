@@ -161,3 +161,30 @@ def assemble_array(shape: tuple[int, ...], dtype: np.dtype, sharding: NamedShard
             cache[key] = np.ascontiguousarray(fill_shard(index), dtype=dtype)
         pieces.append(jax.device_put(cache[key], device))
     return jax.make_array_from_single_device_arrays(shape, sharding, pieces)
+
+
+def local_rows(mesh: Mesh, batch_size: int, rules: Rules = TRAINING_RULES) -> list[int]:
+    """The global batch rows held by this process's devices, in order: what it must load.
+
+    On one host that is every row; on a pod each host reads only its share of the data.
+    """
+    sharding = batch_sharding(mesh, 1, rules)
+    rows: set[int] = set()
+    for (index,) in sharding.addressable_devices_indices_map((batch_size,)).values():
+        rows.update(range(*index.indices(batch_size)))
+    return sorted(rows)
+
+
+def global_batch(mesh: Mesh, local: Mapping[str, np.ndarray], rows: Sequence[int],
+                 batch_size: int, rules: Rules = TRAINING_RULES) -> dict[str, jax.Array]:
+    """Global batch arrays from this process's rows (`local[k][i]` is global row `rows[i]`),
+    split over the batch mesh axes."""
+    position = {row: i for i, row in enumerate(rows)}
+
+    def build(value: np.ndarray) -> jax.Array:
+        shape = (batch_size, *value.shape[1:])
+        return assemble_array(
+            shape, value.dtype, batch_sharding(mesh, value.ndim, rules),
+            lambda index: value[[position[r] for r in range(*index[0].indices(batch_size))]])
+
+    return {name: build(np.asarray(value)) for name, value in local.items()}

@@ -107,16 +107,18 @@ class CoevolveTask:
         return state, {**out["scalars"], "outputs": out["outputs"]}
 
     def batch(self, position: int) -> dict[str, jax.Array]:
+        """The global batch at `position`; each process reads and encodes only the rows its
+        own devices hold (`shd.local_rows`), the rest of the global array lives elsewhere."""
         cfg = self.config.data
+        local = shd.local_rows(self.mesh, cfg.batch_size)
         rows = [self.records[(position * cfg.batch_size + i) % len(self.records)]
-                for i in range(cfg.batch_size)]
+                for i in local]
         host = coevolve.encode_batch(
             self.tokenizer, [prompt_text(r.messages) for r in rows],
             [[a.text for a in r.answers[:cfg.num_anchors]] for r in rows],
             prompt_tokens=cfg.prompt_tokens, policy_tokens=cfg.policy_tokens,
             anchor_tokens=cfg.anchor_tokens, num_anchors=cfg.num_anchors)
-        return {k: jax.device_put(v, shd.batch_sharding(self.mesh, v.ndim))
-                for k, v in host.items()}
+        return shd.global_batch(self.mesh, host, local, cfg.batch_size)
 
     def text_samples(self, state, batch, metrics) -> dict[str, str]:
         out = metrics["outputs"]

@@ -1,0 +1,17 @@
+"""GenRubric recipe on Qwen3-8B (policy, rubric generator and verifier).
+
+G = 4 signed rubric groups per query, beta = 0.01, AdamW lr 1e-6 (policy) / 5e-6
+(generator); the settings live in `jaxrubric.config.paper_recipe`. Checkpoints are HF folders or hub ids; the data is Nectar
+(`{prompt, answers: [{answer, rank}]}`), by hub name or a local JSONL/parquet copy:
+
+    jaxrubric train --config configs/qwen3_8b_genrubric.py --workdir gs://BUCKET/run \
+        --config.policy.path=/ckpt/Qwen3-8B --config.generator.path=/ckpt/Qwen3-8B \
+        --config.verifier.path=/ckpt/Qwen3-8B --config.data.train=/data/nectar.parquet
+"""
+
+from jaxrubric.config import paper_recipe
+
+
+def get_config():
+    return paper_recipe("Qwen/Qwen3-8B", chat_template_kwargs={"enable_thinking": False},
+                        method="genrubric")
