@@ -1,8 +1,8 @@
 """GenRubric recipe on Llama-3.1-8B-Instruct (policy, rubric generator and verifier).
 
 G = 4 signed rubric groups per query, beta = 0.01, AdamW lr 1e-6 (policy) / 5e-6
-(generator); the settings live in `jaxrubric.config.paper_recipe`. Checkpoints are HF folders or hub ids; the data is Nectar
-(`{prompt, answers: [{answer, rank}]}`), by hub name or a local JSONL/parquet copy:
+(generator); the settings live in `jaxrubric.config.paper_recipe`. Checkpoints are HF
+folders or hub ids; the data is Nectar (`{prompt, answers: [{answer, rank}]}`), by hub name or a local JSONL/parquet copy:
 
     jaxrubric train --config configs/llama31_8b_genrubric.py --workdir gs://BUCKET/run \
         --config.policy.path=/ckpt/Llama-3.1-8B-Instruct --config.generator.path=/ckpt/Llama-3.1-8B-Instruct \
