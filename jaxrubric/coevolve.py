@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -68,6 +68,12 @@ class RoundConfig:
     policy_score: Literal["mean", "best_group"] = "mean"
     freeze_generator: bool = False  # the stale-evaluator ablation
     freeze_policy: bool = False
+    # "dynamic": the generator sees the prompt and the K responses (DynamicRubric); "static": the
+    # prompt alone, the baseline DynamicRubric claims to beat (same rewards, same updates).
+    rubric_source: Literal["dynamic", "static"] = "dynamic"
+    # "rubric": the policy is rewarded by rubric scores; "oracle": by the setup's ground-truth
+    # reward (a toy world's checker), the ceiling the rubric runs are compared with.
+    policy_reward: Literal["rubric", "oracle"] = "rubric"
 
     def __post_init__(self) -> None:
         for name in ("num_responses", "num_rubrics", "response_tokens", "num_updates",
@@ -76,9 +82,12 @@ class RoundConfig:
                 raise ValueError(f"round config: {name} must be >= 1, got {getattr(self, name)}")
         if self.num_responses < 2:
             raise ValueError("round config: num_responses must be >= 2 (GRPO needs a group)")
-        if self.policy_score not in ("mean", "best_group"):
-            raise ValueError(f"round config: policy_score {self.policy_score!r} is not "
-                             "'mean' or 'best_group'")
+        for name, allowed in (("policy_score", ("mean", "best_group")),
+                              ("rubric_source", ("dynamic", "static")),
+                              ("policy_reward", ("rubric", "oracle"))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"round config: {name} {getattr(self, name)!r} is not one of "
+                                 f"{allowed}")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -97,6 +106,10 @@ class RoundSetup:
     pad_id: int
     policy_optimizer: optax.GradientTransformation
     generator_optimizer: optax.GradientTransformation
+    # `oracle_reward(response_tokens [B, K, L], response_len [B, K], batch) -> [B, K]`: the
+    # ground-truth reward of `policy_reward="oracle"` (a toy world provides one); jittable.
+    oracle_reward: Callable[..., jax.Array] | None = dataclasses.field(default=None,
+                                                                       kw_only=True)
 
     def models(self, state: dict, frozen: dict) -> tuple[Decoder, Decoder, Decoder]:
         """Policy, generator and verifier modules over the round's current weights."""
@@ -106,14 +119,14 @@ class RoundSetup:
 
 
 def shared_setup_fields(tokenizer: Any, policy: Decoder, generator: Decoder,
-                        verifier: Decoder, chat_template_kwargs: dict | None = None
-                        ) -> dict[str, Any]:
+                        verifier: Decoder, chat_template_kwargs: dict | None = None,
+                        template_style: str = "full") -> dict[str, Any]:
     """What every round's setup takes from the shared tokenizer and the three models."""
     sizes = [m.config.vocab_size for m in (policy, generator, verifier)]
     if len(set(sizes)) != 1 or sizes[0] < len(tokenizer):
         raise ValueError(f"policy, generator and verifier must share the tokenizer's vocabulary "
                          f"({len(tokenizer)} tokens); their vocab sizes are {sizes}")
-    verifier_template = tpl.verifier_template(tokenizer, chat_template_kwargs)
+    verifier_template = tpl.verifier_template(tokenizer, chat_template_kwargs, template_style)
     stops = set(policy.config.eos_token_ids)
     if tokenizer.eos_token_id is not None:
         stops.add(tokenizer.eos_token_id)
@@ -130,17 +143,23 @@ def build_setup(config: RoundConfig, tokenizer: Any, policy: Decoder, generator:
                 verifier: Decoder, *, max_items: int, max_item_tokens: int,
                 policy_optimizer: optax.GradientTransformation,
                 generator_optimizer: optax.GradientTransformation,
-                chat_template_kwargs: dict | None = None) -> RoundSetup:
+                chat_template_kwargs: dict | None = None, template_style: str = "full",
+                oracle_reward: Callable[..., jax.Array] | None = None) -> RoundSetup:
     """Templates, grammar and answer ids from the shared tokenizer; graphs from the models."""
+    if config.policy_reward == "oracle" and oracle_reward is None:
+        raise ValueError("policy_reward='oracle' needs an oracle_reward function")
+    shown = 0 if config.rubric_source == "static" else config.num_responses
     return RoundSetup(
         config=config,
         generator_template=tpl.dynamic_rubric_generator_template(
-            tokenizer, config.num_responses, max_items=max_items,
-            chat_template_kwargs=chat_template_kwargs),
+            tokenizer, shown, max_items=max_items, chat_template_kwargs=chat_template_kwargs,
+            style=template_style),
         grammar=grammar_lib.build_rubric_grammar(
             tokenizer, weights=range(1, 6), max_items=max_items, max_item_tokens=max_item_tokens),
         policy_optimizer=policy_optimizer, generator_optimizer=generator_optimizer,
-        **shared_setup_fields(tokenizer, policy, generator, verifier, chat_template_kwargs),
+        **shared_setup_fields(tokenizer, policy, generator, verifier, chat_template_kwargs,
+                              template_style),
+        oracle_reward=oracle_reward,
     )
 
 
@@ -165,8 +184,10 @@ def init_state(setup: RoundSetup, policy: Decoder, generator: Decoder) -> dict[s
 
 
 def completion_logprobs(model: Decoder, prompt: jax.Array, prompt_mask: jax.Array,
-                        completion: jax.Array, chunk_size: int) -> jax.Array:
-    """Teacher-forced `log p(completion)` `[R, N]` after left-padded prompts `[R, P]`.
+                        completion: jax.Array, chunk_size: int, return_entropy: bool = False
+                        ) -> jax.Array | tuple[jax.Array, jax.Array]:
+    """Teacher-forced `log p(completion)` `[R, N]` after left-padded prompts `[R, P]` (and the
+    per-token entropy of the model's distribution, `[R, N]`).
 
     Positions count real tokens, as in the sampler, so these equal the sampler's log-probs.
     The vocabulary projection runs in chunks (never `[R, N, V]` logits whole).
@@ -177,7 +198,7 @@ def completion_logprobs(model: Decoder, prompt: jax.Array, prompt_mask: jax.Arra
     hidden, _ = model.hidden_states(tokens, attention_mask=mask)
     predicting = hidden[:, width - 1:-1]
     return grpo.token_logprobs_chunked(predicting, model.logits, completion,
-                                       chunk_size=chunk_size)
+                                       chunk_size=chunk_size, return_entropy=return_entropy)
 
 
 def policy_update(cfg: RoundConfig, graph, optimizer, params, opt_state, ref_params, prompt,
@@ -191,12 +212,13 @@ def policy_update(cfg: RoundConfig, graph, optimizer, params, opt_state, ref_par
     old_logp = jax.lax.stop_gradient(sampler_logp)
 
     def loss_fn(p, batch):
-        logp = completion_logprobs(nnx.merge(graph, p), prompt, prompt_mask, completion,
-                                   cfg.logprob_chunk)
+        logp, entropy = completion_logprobs(nnx.merge(graph, p), prompt, prompt_mask,
+                                            completion, cfg.logprob_chunk, return_entropy=True)
         return grpo.grpo_loss(
             logp, old_logp, advantages, completion_mask, ref_logp=ref_logp, beta=beta,
             kl_estimator=cfg.kl_estimator, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
-            aggregation=cfg.aggregation, max_len=completion.shape[1], sampler_logp=sampler_logp)
+            aggregation=cfg.aggregation, max_len=completion.shape[1], sampler_logp=sampler_logp,
+            entropy=jax.lax.stop_gradient(entropy))
 
     return grpo.grpo_update(params, opt_state, None, loss_fn, optimizer,
                             num_updates=cfg.num_updates)
@@ -235,20 +257,30 @@ def write_rubrics(setup: RoundSetup, generator: Decoder, gen_input: tpl.Packed,
     return rubrics, grammar_lib.parse_rubric_tokens(rubrics.tokens, setup.grammar, setup.pad_id)
 
 
-def dynamic_rubric_round(setup: RoundSetup, state: dict, frozen: dict, batch: dict,
-                         rng: jax.Array) -> tuple[dict, dict[str, jax.Array]]:
-    """One DynamicRubric co-evolution round (pure; `make_round_step` jits it).
+class Rollout(NamedTuple):
+    """What one DynamicRubric round produces before any update (also what evaluation reads)."""
 
-    `batch`: `prompt [B, Lq]` + `prompt_len [B]` (the plain question, spliced into templates);
-    `policy_input [B, Lp]` left-padded chat-formatted policy prompt + `policy_mask`,
-    `policy_len`; `anchors [B, n, La]` right-padded reference answers ranked best-first +
-    `anchor_len [B, n]` and `anchor_mask [B, n]`.
-    `frozen`: `verifier` params, and `policy_ref` / `generator_ref` params when their beta > 0.
-    """
+    responses: sampling.SampleResult  # [B, K, Lr]
+    text_len: jax.Array  # [B, K] response lengths without the stop token
+    gen_input: tpl.Packed  # the generator's prompts [B, Lg], left-padded
+    rubrics: sampling.SampleResult  # [B, G, Lrub]
+    parsed: grammar_lib.ParsedRubric
+    verdicts: jax.Array  # [B, K, G, M] (p_yes with soft_verdicts)
+    scores: jax.Array  # [B, K, G] rubric scores of the responses
+    anchor_scores: jax.Array  # [B, n, G] rubric scores of the anchor answers
+    group_valid: jax.Array  # [B, G]
+    gen_reward: jax.Array  # [B, G]
+    gen_parts: dict[str, jax.Array]
+    policy_reward: jax.Array  # [B, K]
+
+
+def dynamic_rubric_rollout(setup: RoundSetup, state: dict, frozen: dict, batch: dict,
+                           rng: jax.Array) -> Rollout:
+    """Steps 1-4 of the round: responses, rubrics, verdicts, scores and both roles' rewards."""
     cfg = setup.config
     k_policy, k_generator = jax.random.split(rng)
     policy, generator, verifier = setup.models(state, frozen)
-    K, G = cfg.num_responses, cfg.num_rubrics
+    K = cfg.num_responses
 
     # 1. The policy answers, K times per prompt.
     responses = sampling.sample(
@@ -257,11 +289,13 @@ def dynamic_rubric_round(setup: RoundSetup, state: dict, frozen: dict, batch: di
         top_p=cfg.top_p, stop_token_ids=setup.stop_token_ids)
     text_len = responses.lengths - responses.finished.astype(jnp.int32)  # without the stop
 
-    # 2. The generator sees the prompt and the whole response set, writes G rubrics.
+    # 2. The generator sees the prompt and the whole response set (or, static, the prompt
+    # alone) and writes G rubrics.
+    shown = len(setup.generator_template.slots) - 1
     gen_input = tpl.assemble(
         setup.generator_template,
-        [batch["prompt"], *(responses.tokens[:, k] for k in range(K))],
-        [batch["prompt_len"], *(text_len[:, k] for k in range(K))],
+        [batch["prompt"], *(responses.tokens[:, k] for k in range(shown))],
+        [batch["prompt_len"], *(text_len[:, k] for k in range(shown))],
         pad_id=setup.pad_id, align="right")
     rubrics, parsed = write_rubrics(setup, generator, gen_input, k_generator)
 
@@ -287,50 +321,103 @@ def dynamic_rubric_round(setup: RoundSetup, state: dict, frozen: dict, batch: di
     group_valid = parts["group_valid"] & parsed.complete
     gen_reward = jnp.where(group_valid, gen_reward, cfg.invalid_rubric_reward)
 
-    if cfg.policy_score == "best_group":
+    if cfg.policy_reward == "oracle":
+        policy_reward = setup.oracle_reward(responses.tokens, text_len, batch)
+    elif cfg.policy_score == "best_group":
         best = jnp.argmax(jnp.where(group_valid, gen_reward, -jnp.inf), axis=-1)
         policy_reward = jnp.take_along_axis(scores, best[:, None, None], axis=2)[..., 0]
     else:
-        weight = group_valid[:, None, :].astype(jnp.float32)
-        policy_reward = grpo.safe_ratio((scores * weight).sum(-1), weight.sum(-1))
+        policy_reward = mean_valid_score(scores, group_valid)
+    return Rollout(responses, text_len, gen_input, rubrics, parsed, verdicts, scores,
+                   anchor_scores, group_valid, gen_reward, parts, policy_reward)
 
-    metrics = {
-        "policy/reward": policy_reward.mean(),
-        "policy/reward_std_in_group": policy_reward.std(-1).mean(),
-        "policy/response_length": responses.lengths.mean(),
-        "policy/truncated": 1.0 - responses.finished.mean(),
-        "generator/reward": gen_reward.mean(),
-        "generator/discriminability": parts["disc"].mean(),
-        "generator/anchor": parts["anchor"].mean(),
-        "rubric/valid_rate": group_valid.mean(),
-        "rubric/items": parsed.valid.sum(-1).mean(),
-        "rubric/tokens": rubrics.lengths.mean(),
-        "verifier/yes_rate": grpo.safe_ratio(
-            (verdicts * parsed.valid[:, None]).sum(), parsed.valid[:, None].sum() * K),
+
+def mean_valid_score(scores: jax.Array, group_valid: jax.Array) -> jax.Array:
+    """Scores `[B, N, G]` averaged over the valid groups `[B, G]` -> `[B, N]`."""
+    weight = group_valid[:, None, :].astype(jnp.float32)
+    return grpo.safe_ratio((scores * weight).sum(-1), weight.sum(-1))
+
+
+def rollout_metrics(setup: RoundSetup, out: Rollout) -> dict[str, jax.Array]:
+    """Scalar summaries of a rollout: rewards, rubric statistics, verifier yes-rate."""
+    K = setup.config.num_responses
+    valid = out.parsed.valid[:, None]
+    return {
+        "policy/reward": out.policy_reward.mean(),
+        "policy/reward_std_in_group": out.policy_reward.std(-1).mean(),
+        "policy/response_length": out.responses.lengths.mean(),
+        "policy/truncated": 1.0 - out.responses.finished.mean(),
+        "generator/reward": out.gen_reward.mean(),
+        "generator/discriminability": out.gen_parts["disc"].mean(),
+        "generator/anchor": out.gen_parts["anchor"].mean(),
+        "rubric/valid_rate": out.group_valid.mean(),
+        "rubric/items": out.parsed.valid.sum(-1).mean(),
+        "rubric/tokens": out.rubrics.lengths.mean(),
+        "verifier/yes_rate": grpo.safe_ratio((out.verdicts * valid).sum(), valid.sum() * K),
+        "tokens/generated": out.responses.lengths.sum() + out.rubrics.lengths.sum(),
     }
+
+
+def dynamic_rubric_round(setup: RoundSetup, state: dict, frozen: dict, batch: dict,
+                         rng: jax.Array) -> tuple[dict, dict[str, jax.Array]]:
+    """One DynamicRubric co-evolution round (pure; `make_round_step` jits it).
+
+    `batch`: `prompt [B, Lq]` + `prompt_len [B]` (the plain question, spliced into templates);
+    `policy_input [B, Lp]` left-padded chat-formatted policy prompt + `policy_mask`,
+    `policy_len`; `anchors [B, n, La]` right-padded reference answers ranked best-first +
+    `anchor_len [B, n]` and `anchor_mask [B, n]`.
+    `frozen`: `verifier` params, and `policy_ref` / `generator_ref` params when their beta > 0.
+    """
+    cfg = setup.config
+    K, G = cfg.num_responses, cfg.num_rubrics
+    out = dynamic_rubric_rollout(setup, state, frozen, batch, rng)
+    metrics = rollout_metrics(setup, out)
 
     new_state = dict(state, round=state["round"] + 1)
     # 5. Generator update on its rubric tokens, advantages within each prompt's G rubrics.
     if not cfg.freeze_generator:
-        gen_adv = grpo.group_advantages(gen_reward, mode=cfg.advantage_mode)
+        gen_adv = grpo.group_advantages(out.gen_reward, mode=cfg.advantage_mode)
         updated, role_metrics = update_role(
-            setup, "generator", state, frozen, jnp.repeat(gen_input.tokens, G, axis=0),
-            jnp.repeat(gen_input.mask, G, axis=0), rubrics, gen_adv)
+            setup, "generator", state, frozen, jnp.repeat(out.gen_input.tokens, G, axis=0),
+            jnp.repeat(out.gen_input.mask, G, axis=0), out.rubrics, gen_adv)
         new_state.update(updated)
         metrics.update(role_metrics)
 
     # 6. Policy update on its responses, rewarded by the rubric scores.
     if not cfg.freeze_policy:
-        pol_adv = grpo.group_advantages(policy_reward, mode=cfg.advantage_mode)
+        pol_adv = grpo.group_advantages(out.policy_reward, mode=cfg.advantage_mode)
         updated, role_metrics = update_role(
             setup, "policy", state, frozen, jnp.repeat(batch["policy_input"], K, axis=0),
-            jnp.repeat(batch["policy_mask"], K, axis=0), responses, pol_adv)
+            jnp.repeat(batch["policy_mask"], K, axis=0), out.responses, pol_adv)
         new_state.update(updated)
         metrics.update(role_metrics)
 
-    outputs = {"responses": responses.tokens, "response_len": text_len,
-               "rubrics": rubrics.tokens, "rubric_len": rubrics.lengths, "scores": scores}
+    outputs = {"responses": out.responses.tokens, "response_len": out.text_len,
+               "rubrics": out.rubrics.tokens, "rubric_len": out.rubrics.lengths,
+               "scores": out.scores}
     return new_state, {"scalars": metrics, "outputs": outputs}
+
+
+def dynamic_rubric_evaluation(setup: RoundSetup, state: dict, frozen: dict, batch: dict,
+                              rng: jax.Array) -> dict[str, jax.Array]:
+    """A round's rollout on a held-out batch, no update: the evaluator's Δgap (mean score
+    difference of every better-worse pair of anchor answers under this round's rubrics, the
+    signal the evaluator gives), the rubric scores of the policy's responses and, when the
+    setup has an oracle, the policy's ground-truth quality."""
+    out = dynamic_rubric_rollout(setup, state, frozen, batch, rng)
+    anchors = mean_valid_score(out.anchor_scores, out.group_valid)  # [B, n]
+    n = anchors.shape[1]
+    better = jnp.arange(n)[:, None] < jnp.arange(n)[None, :]
+    listed = batch["anchor_mask"][:, :, None] & batch["anchor_mask"][:, None, :] & better
+    gaps = anchors[:, :, None] - anchors[:, None, :]
+    metrics = {
+        "delta_gap": grpo.safe_ratio((gaps * listed).sum(), listed.sum()),
+        "policy_score": mean_valid_score(out.scores, out.group_valid).mean(),
+        "rubric_valid_rate": out.group_valid.mean(),
+    }
+    if setup.oracle_reward is not None:
+        metrics["quality"] = setup.oracle_reward(out.responses.tokens, out.text_len, batch).mean()
+    return metrics
 
 
 def make_round_step(setup: RoundSetup, frozen: dict[str, PyTree],

@@ -15,6 +15,7 @@ from pathlib import Path
 import ml_collections
 
 from jaxrubric.coevolve import RoundConfig
+from jaxrubric.rubric.templates import STYLES
 
 
 class ConfigFileError(ValueError):
@@ -34,11 +35,17 @@ def base_config() -> ml_collections.ConfigDict:
         c[role] = ml_collections.ConfigDict(
             {"path": "", "seed": 0, "dtype": "float32", "param_dtype": "float32",
              "remat": "none"})
+    # data.eval: held-out prompts with anchor lists for the evaluator's Δgap (and, with an
+    # oracle, the policy's ground-truth quality), evaluated every `eval_every` rounds on its
+    # first `eval_batch_size` rows (0: data.batch_size).
     c.data = ml_collections.ConfigDict({
-        "train": "", "batch_size": 8, "prompt_tokens": 512, "policy_tokens": 640,
+        "train": "", "eval": "", "batch_size": 8, "eval_batch_size": 0, "prompt_tokens": 512, "policy_tokens": 640,
         "anchor_tokens": 512, "num_anchors": 4, "skip_bad_rows": False,
     })
-    c.rubric = ml_collections.ConfigDict({"max_items": 12, "max_item_tokens": 48})
+    # template_style: "full" instructions for real LLMs, "compact" for small models trained
+    # from scratch (jaxrubric.rubric.templates.STYLES).
+    c.rubric = ml_collections.ConfigDict({"max_items": 12, "max_item_tokens": 48,
+                                          "template_style": "full"})
     c.round = ml_collections.ConfigDict(dataclasses.asdict(RoundConfig()))
     c.optim = ml_collections.ConfigDict({
         "policy_lr": 1e-6, "generator_lr": 5e-6, "weight_decay": 0.0, "max_grad_norm": 1.0,
@@ -47,6 +54,11 @@ def base_config() -> ml_collections.ConfigDict:
     c.checkpoint_every = 1
     c.keep_checkpoints = 3
     c.log_every = 1
+    c.eval_every = 0  # 0: evaluate at the start and after the last round only
+    c.profile_round = 0  # > 0: a jax.profiler trace of that round in the TensorBoard folder
+    # A ground-truth reward by name (jaxrubric.train.ORACLES), for round.policy_reward="oracle"
+    # and for the eval quality: only worlds with a known answer (the toy world) have one.
+    c.oracle = ""
     return c
 
 
@@ -107,7 +119,8 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ml_collectio
     for override in overrides:
         apply_override(config, override)
     base = path.parent.resolve()
-    for key in ("tokenizer", "data.train", "policy.path", "generator.path", "verifier.path"):
+    for key in ("tokenizer", "data.train", "data.eval", "policy.path", "generator.path",
+                "verifier.path"):
         value = _get(config, key)
         if value and not Path(value).is_absolute() and (base / value).exists():
             _set(config, key, str(base / value))
@@ -172,9 +185,17 @@ def check_config(config: ml_collections.ConfigDict) -> None:
             raise ConfigFileError(f"config.{key} must be >= 1, got {_get(config, key)}")
     if not config.data.train:
         raise ConfigFileError("config.data.train: no training data file given")
-    local_file = Path(config.data.train).suffix in (".jsonl", ".json", ".parquet")
-    if local_file and not Path(config.data.train).exists():
-        raise ConfigFileError(f"config.data.train: {config.data.train} does not exist")
+    for key in ("train", "eval"):
+        path = config.data[key]
+        if Path(path).suffix in (".jsonl", ".json", ".parquet") and not Path(path).exists():
+            raise ConfigFileError(f"config.data.{key}: {path} does not exist")
+    if config.eval_every < 0 or config.profile_round < 0:
+        raise ConfigFileError("config.eval_every and config.profile_round must be >= 0")
+    if config.round.policy_reward == "oracle" and not config.oracle:
+        raise ConfigFileError("config.round.policy_reward='oracle' needs config.oracle")
+    if config.rubric.template_style not in STYLES:
+        raise ConfigFileError(f"config.rubric.template_style {config.rubric.template_style!r} "
+                              f"is not one of {STYLES}")
     try:
         round_config(config)
     except (TypeError, ValueError) as err:

@@ -52,8 +52,8 @@ def build_genrubric_setup(config: RoundConfig, tokenizer: Any, policy: Decoder,
                           max_item_tokens: int, policy_optimizer: optax.GradientTransformation,
                           generator_optimizer: optax.GradientTransformation,
                           weights: Iterable[int] = GENRUBRIC_WEIGHTS,
-                          chat_template_kwargs: Mapping[str, Any] | None = None
-                          ) -> GenRubricSetup:
+                          chat_template_kwargs: Mapping[str, Any] | None = None,
+                          template_style: str = "full") -> GenRubricSetup:
     """Templates, the signed-weight grammar and answer ids from the shared tokenizer.
 
     Induced responses are `config.response_tokens` long, like DynamicRubric's responses.
@@ -66,15 +66,21 @@ def build_genrubric_setup(config: RoundConfig, tokenizer: Any, policy: Decoder,
                          f"judged by the other groups, got {config.num_rubrics}")
     if not any(w > 0 for w in weights):
         raise ValueError(f"GenRubric weights need a positive weight, got {weights}")
+    if config.rubric_source != "dynamic" or config.policy_reward != "rubric":
+        raise ValueError("GenRubric rubrics always come from the query alone and reward the "
+                         "policy: rubric_source and policy_reward keep their defaults")
     return GenRubricSetup(
         config=config,
         generator_template=tpl.genrubric_generator_template(
-            tokenizer, max_items=max_items, chat_template_kwargs=chat_template_kwargs),
+            tokenizer, max_items=max_items, chat_template_kwargs=chat_template_kwargs,
+            style=template_style),
         grammar=grammar_lib.build_rubric_grammar(
             tokenizer, weights=weights, max_items=max_items, max_item_tokens=max_item_tokens),
         policy_optimizer=policy_optimizer, generator_optimizer=generator_optimizer,
-        **shared_setup_fields(tokenizer, policy, generator, verifier, chat_template_kwargs),
-        induced_template=tpl.induced_response_template(tokenizer, chat_template_kwargs),
+        **shared_setup_fields(tokenizer, policy, generator, verifier, chat_template_kwargs,
+                              template_style),
+        induced_template=tpl.induced_response_template(tokenizer, chat_template_kwargs,
+                                                       template_style),
     )
 
 
@@ -206,6 +212,7 @@ def genrubric_round(setup: GenRubricSetup, state: dict, frozen: dict, batch: dic
         "rubric/items": parsed.valid.sum(-1).mean(),
         "rubric/negative_items": negative.sum(-1).mean(),
         "rubric/tokens": rubrics.lengths.mean(),
+        "tokens/generated": rubrics.lengths.sum() + responses.lengths.sum(),
         "policy/reward": _valid_mean(policy_reward, policy_valid),
         "policy/reward_std_in_group": _valid_std(policy_reward, policy_valid).mean(),
         "policy/response_length": responses.lengths.mean(),

@@ -126,6 +126,9 @@ def shard_model(model: nnx.Module, mesh: Mesh, rules: Rules = TRAINING_RULES) ->
     """Places every parameter of `model` on `mesh` by the rules table (in place, returned)."""
     state = nnx.state(model)
     shardings = state_shardings(state, mesh, rules)
+    if all(x.is_fully_addressable for x in jax.tree.leaves(state)):
+        # Through host memory: device-to-device resharding compiles a program per parameter.
+        state = jax.tree.map(np.asarray, state)
     nnx.update(model, jax.device_put(state, shardings))
     return model
 

@@ -14,12 +14,13 @@ import optax
 from flax import nnx
 
 import jaxrubric
-from jaxrubric import coevolve
+from jaxrubric import coevolve, flops
 from jaxrubric import sharding as shd
 from jaxrubric.config import round_config
 from jaxrubric.data import load_anchors, prompt_text
 from jaxrubric.genrubric_round import build_genrubric_setup, genrubric_round
 from jaxrubric.models.transformer import Decoder
+from jaxrubric.toy import digits_task as toy_digits
 from jaxrubric.train_loop import restore_checkpoint, run_training
 
 _CONFIG_FILE = "config.json"
@@ -56,6 +57,9 @@ _METHODS = {
     "genrubric": (build_genrubric_setup, genrubric_round),
 }
 
+# config.oracle -> a jittable ground-truth reward (see `coevolve.RoundSetup.oracle_reward`)
+ORACLES = {"toy_digits": toy_digits.oracle_reward}
+
 
 class CoevolveTask:
     """The `train_loop.Task` of co-evolution by either method (`config.method`). GenRubric
@@ -76,23 +80,52 @@ class CoevolveTask:
             raise ValueError(f"{config.data.train}: no usable rows")
         self.records = loaded.records
         self.skipped_rows = len(loaded.problems)
+        self.eval_records = []
+        if config.data.eval:
+            size = config.data.eval_batch_size or config.data.batch_size
+            self.eval_records = load_anchors(config.data.eval, skip_bad_rows=False).records
+            if len(self.eval_records) < size:
+                raise ValueError(f"{config.data.eval}: {len(self.eval_records)} rows, the "
+                                 f"held-out batch needs {size}")
+            if size % ways:
+                raise ValueError(f"config.data.eval_batch_size={size} must be a multiple of "
+                                 f"the {ways} ways the mesh splits the batch")
+            self.eval_records = self.eval_records[:size]
+        if config.oracle and config.oracle not in ORACLES:
+            raise ValueError(f"config.oracle {config.oracle!r} is not one of {sorted(ORACLES)}")
         models = {role: _role_model(config[role], len(self.tokenizer), self.tokenizer, self.mesh)
                   for role in ("policy", "generator", "verifier")}
         rc = round_config(config)
         build, round_fn = _METHODS[config.method]
+        oracle = {"oracle_reward": ORACLES[config.oracle]} if config.oracle else {}
+        if oracle and config.method != "dynamic_rubric":
+            raise ValueError("config.oracle is supported by the dynamic_rubric method only")
         self.setup = build(
             rc, self.tokenizer, models["policy"], models["generator"], models["verifier"],
             max_items=config.rubric.max_items, max_item_tokens=config.rubric.max_item_tokens,
             policy_optimizer=_optimizer(config.optim.policy_lr, config),
             generator_optimizer=_optimizer(config.optim.generator_lr, config),
-            chat_template_kwargs=dict(config.chat_template_kwargs) or None)
+            chat_template_kwargs=dict(config.chat_template_kwargs) or None,
+            template_style=config.rubric.template_style, **oracle)
         frozen = {"verifier": nnx.state(models["verifier"], nnx.Param)}
         if rc.policy_beta > 0:
             frozen["policy_ref"] = _copy_params(models["policy"])
         if rc.generator_beta > 0:
             frozen["generator_ref"] = _copy_params(models["generator"])
         self.models = models
+        self.frozen = frozen
+        d = config.data
+        self.round_flops = flops.round_flops_from_setup(
+            self.setup, {"prompt": (d.batch_size, d.prompt_tokens),
+                         "policy_input": (d.batch_size, d.policy_tokens),
+                         "anchors": (d.batch_size, d.num_anchors, d.anchor_tokens)},
+            **{role: models[role].config for role in ("policy", "generator", "verifier")})
         self._round = coevolve.make_round_step(self.setup, frozen, round_fn)
+        self._evaluate = None
+        if self.eval_records and config.method == "dynamic_rubric":
+            self._eval_batch = self._encode(self.eval_records)
+            self._evaluate = jax.jit(lambda state, frozen, batch, rng: (
+                coevolve.dynamic_rubric_evaluation(self.setup, state, frozen, batch, rng)))
 
     # -------------------------------------------------------------- train_loop.Task
     def init_state(self, rng: jax.Array):
@@ -109,16 +142,26 @@ class CoevolveTask:
     def batch(self, position: int) -> dict[str, jax.Array]:
         """The global batch at `position`; each process reads and encodes only the rows its
         own devices hold (`shd.local_rows`), the rest of the global array lives elsewhere."""
+        size = self.config.data.batch_size
+        return self._encode([self.records[(position * size + i) % len(self.records)]
+                             for i in range(size)])
+
+    def evaluate(self, state, round_: int) -> dict[str, jax.Array]:
+        """The held-out batch's rollout without updates (`coevolve.dynamic_rubric_evaluation`),
+        with the same key every time, so that curves move with the models only."""
+        return self._evaluate(state, self.frozen, self._eval_batch,
+                              jax.random.key(self.config.seed + 1))
+
+    def _encode(self, records: list) -> dict[str, jax.Array]:
         cfg = self.config.data
-        local = shd.local_rows(self.mesh, cfg.batch_size)
-        rows = [self.records[(position * cfg.batch_size + i) % len(self.records)]
-                for i in local]
+        local = shd.local_rows(self.mesh, len(records))
+        rows = [records[i] for i in local]
         host = coevolve.encode_batch(
             self.tokenizer, [prompt_text(r.messages) for r in rows],
             [[a.text for a in r.answers[:cfg.num_anchors]] for r in rows],
             prompt_tokens=cfg.prompt_tokens, policy_tokens=cfg.policy_tokens,
             anchor_tokens=cfg.anchor_tokens, num_anchors=cfg.num_anchors)
-        return shd.global_batch(self.mesh, host, local, cfg.batch_size)
+        return shd.global_batch(self.mesh, host, local, len(records))
 
     def text_samples(self, state, batch, metrics) -> dict[str, str]:
         out = metrics["outputs"]
@@ -140,13 +183,16 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     return run_training(
         task, workdir=str(workdir), rounds=config.rounds, seed=config.seed,
         checkpoint_every=config.checkpoint_every, keep_checkpoints=config.keep_checkpoints,
-        log_every=config.log_every, config=_fingerprinted(config))
+        log_every=config.log_every, config=_fingerprinted(config),
+        eval_fn=task.evaluate if task._evaluate is not None else None,
+        eval_every=config.eval_every or None, profile_round=config.profile_round or None)
 
 
 def _fingerprinted(config: ml_collections.ConfigDict) -> dict:
     """The config minus what may change on resume (the number of rounds, logging)."""
     data = json.loads(config.to_json_best_effort())
-    for key in ("rounds", "log_every", "checkpoint_every", "keep_checkpoints"):
+    for key in ("rounds", "log_every", "checkpoint_every", "keep_checkpoints", "eval_every",
+                "profile_round"):
         data.pop(key, None)
     return data
 

@@ -28,6 +28,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
+from jaxrubric import flops
 from jaxrubric.logging_utils import Progress, SummaryWriter, scalar_metrics
 
 PyTree = Any
@@ -35,6 +36,8 @@ EvalFn = Callable[[PyTree, int], Mapping[str, Any]]
 
 CHECKPOINT_DIR = "checkpoints"
 TENSORBOARD_DIR = "tensorboard"
+EVAL_HISTORY = "eval_history.jsonl"  # one JSON line of eval scalars per evaluation
+GENERATED_TOKENS = "tokens/generated"  # a round metric the loop turns into tokens/s
 
 
 class Task(Protocol):
@@ -64,6 +67,8 @@ class Task(Protocol):
                      ) -> Mapping[str, str] | None:
         """A few texts (e.g. prompt, responses, rubric) for TensorBoard, from host metrics."""
 
+    # Optional: `round_flops: float`, the model FLOPs of one round, for MFU logging.
+
 
 class ConfigMismatchError(ValueError):
     """The workdir holds a checkpoint of a run with another config or seed."""
@@ -73,7 +78,8 @@ def run_training(task: Task, *, workdir: str | os.PathLike, rounds: int, seed: i
                  checkpoint_every: int, keep_checkpoints: int | None = None,
                  log_every: int = 1, eval_fn: EvalFn | None = None,
                  eval_every: int | None = None, config: Any = None,
-                 allow_config_change: bool = False) -> dict[str, Any]:
+                 allow_config_change: bool = False, profile_round: int | None = None
+                 ) -> dict[str, Any]:
     """Runs rounds until `rounds` have been completed in `workdir`, resuming from its latest
     checkpoint, and returns a summary.
 
@@ -87,12 +93,15 @@ def run_training(task: Task, *, workdir: str | os.PathLike, rounds: int, seed: i
       keep_checkpoints: how many most recent checkpoints to keep (None: all).
       log_every: write TensorBoard scalars (and text samples) every this many rounds and at the
         final round.
-      eval_fn: `eval_fn(state, round) -> metrics`, called on every process every `eval_every`
-        rounds (None: after the final round only); its scalars are logged under `eval/`.
+      eval_fn: `eval_fn(state, round) -> metrics`, called on every process before the first
+        round of a fresh run (round 0), every `eval_every` rounds (None: after the final round
+        only); its scalars are logged under `eval/` and appended to `workdir/eval_history.jsonl`.
       config: what defines the run (a mapping or `ml_collections.ConfigDict`), fingerprinted
         together with the seed; resuming under another fingerprint raises
         `ConfigMismatchError` unless `allow_config_change`. Loop arguments (rounds, intervals)
         are not part of it and may change between runs.
+      profile_round: capture a `jax.profiler` trace of this round into the TensorBoard folder
+        (its profile tab splits the compiled round into its stages, op by op).
 
     Returns:
       `final_round` (rounds completed), `metrics` (scalar metrics of the last round run, or of
@@ -135,6 +144,18 @@ def run_training(task: Task, *, workdir: str | os.PathLike, rounds: int, seed: i
 
             writer = SummaryWriter(os.path.join(workdir, TENSORBOARD_DIR))
             writer.start(done + 1)
+
+            def evaluate(round_: int) -> tuple[dict[str, float], float]:
+                start = time.perf_counter()
+                scalars = {name if name.startswith("eval/") else f"eval/{name}": value
+                           for name, value in scalar_metrics(
+                               jax.device_get(eval_fn(state, round_))).items()}
+                _append_history(workdir, round_, scalars)
+                return scalars, time.perf_counter() - start
+
+            if eval_fn is not None and resumed_from is None:
+                eval_scalars, _ = evaluate(0)
+                writer.scalars(0, eval_scalars)
             progress = Progress(total=rounds, initial=done)
             text_samples = getattr(task, "text_samples", None)
             key_meta = {"rng_key_data": np.asarray(jax.random.key_data(key)).tolist(),
@@ -143,7 +164,12 @@ def run_training(task: Task, *, workdir: str | os.PathLike, rounds: int, seed: i
             batch = task.batch(position)
             tick = time.perf_counter()
             for round_ in range(done + 1, rounds + 1):
+                if round_ == profile_round:
+                    jax.profiler.start_trace(os.path.join(workdir, TENSORBOARD_DIR))
                 state, metrics = task.round_step(state, batch, jax.random.fold_in(key, round_))
+                if round_ == profile_round:
+                    jax.block_until_ready(state)
+                    jax.profiler.stop_trace()
                 position += 1
                 final = round_ == rounds
                 # Built on the host while the device runs the round.
@@ -154,15 +180,13 @@ def run_training(task: Task, *, workdir: str | os.PathLike, rounds: int, seed: i
                 last_scalars = scalar_metrics(metrics)
                 preempted = _stop_requested(sigterm, manager, round_)
 
-                logged = {**last_scalars, "time/round_s": seconds}
+                logged = {**last_scalars, "time/round_s": seconds,
+                          **_throughput(task, seconds, first=round_ == done + 1)}
+                if GENERATED_TOKENS in last_scalars:
+                    logged["throughput/tokens_per_s"] = last_scalars[GENERATED_TOKENS] / seconds
                 if eval_fn is not None and not preempted and (
                         final or (eval_every is not None and round_ % eval_every == 0)):
-                    eval_start = time.perf_counter()
-                    eval_scalars = {
-                        name if name.startswith("eval/") else f"eval/{name}": value
-                        for name, value in scalar_metrics(
-                            jax.device_get(eval_fn(state, round_))).items()}
-                    eval_seconds = time.perf_counter() - eval_start
+                    eval_scalars, eval_seconds = evaluate(round_)
                     tick += eval_seconds  # evaluation is not part of the next round's time
                     logged |= {**eval_scalars, "time/eval_s": eval_seconds}
                 if final or preempted or round_ % log_every == 0:
@@ -251,6 +275,42 @@ def _stop_requested(sigterm: threading.Event, manager: ocp.CheckpointManager, ro
     if jax.process_count() > 1:
         stop = bool(np.any(multihost_utils.process_allgather(np.asarray(stop))))
     return stop or manager.reached_preemption(round_)
+
+
+def _throughput(task: Task, seconds: float, first: bool) -> dict[str, float]:
+    """Model TFLOP/s per device and MFU from the task's `round_flops` (if it has one); not for
+    a process's first round, whose time includes compilation."""
+    model_flops = getattr(task, "round_flops", None)
+    if not model_flops or first:
+        return {}
+    devices = jax.device_count()
+    out = {"perf/tflops_per_s_per_device": model_flops / seconds / devices / 1e12}
+    utilisation = flops.mfu(model_flops, seconds, devices, jax.devices()[0].device_kind)
+    if utilisation is not None:
+        out["perf/mfu"] = utilisation
+    return out
+
+
+def _append_history(workdir: str, round_: int, scalars: Mapping[str, float]) -> None:
+    """One line per evaluation; after a resume the later line of a round is the valid one."""
+    if jax.process_index() != 0 or "://" in workdir:
+        return
+    with open(os.path.join(workdir, EVAL_HISTORY), "a", encoding="utf-8") as f:
+        f.write(json.dumps({"round": round_, **scalars}) + "\n")
+
+
+def read_eval_history(workdir: str | os.PathLike) -> list[dict[str, float]]:
+    """The evaluations of a run, one per round (the latest line wins), in round order."""
+    path = os.path.join(_absolute(workdir), EVAL_HISTORY)
+    if not os.path.exists(path):
+        return []
+    by_round: dict[int, dict[str, float]] = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                entry = json.loads(line)
+                by_round[entry["round"]] = entry
+    return [by_round[r] for r in sorted(by_round)]
 
 
 def _absolute(path: str | os.PathLike) -> str:

@@ -12,7 +12,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from jaxrubric import sharding as shd
-from jaxrubric.train_loop import ConfigMismatchError, restore_checkpoint, run_training
+from jaxrubric.train_loop import (ConfigMismatchError, read_eval_history, restore_checkpoint,
+                                  run_training)
 
 DIM, BATCH = 16, 32
 MESH = shd.make_mesh({"fsdp": -1})
@@ -203,9 +204,12 @@ def test_keep_checkpoints_and_eval(tmp_path):
     summary = _run(tmp_path, 5, checkpoint_every=1, keep_checkpoints=2, eval_fn=eval_fn,
                    eval_every=2)
     assert _checkpoints(tmp_path) == [4, 5]
-    assert calls == [2, 4, 5]
+    assert calls == [0, 2, 4, 5]  # a fresh run is evaluated before its first round too
     assert summary["eval"]["eval/step"] == 5 and "eval/w_norm" in summary["eval"]
-    assert [e.step for e in _events(tmp_path).Scalars("eval/w_norm")] == [2, 4, 5]
+    assert [e.step for e in _events(tmp_path).Scalars("eval/w_norm")] == [0, 2, 4, 5]
+    history = read_eval_history(tmp_path)
+    assert [h["round"] for h in history] == [0, 2, 4, 5]
+    assert history[-1]["eval/step"] == 5
 
 
 def test_config_change_is_refused(tmp_path, capsys):

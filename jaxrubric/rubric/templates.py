@@ -35,6 +35,10 @@ from jax.typing import ArrayLike
 
 Messages = list[dict[str, str]]
 
+# "full": natural-language instructions for real LLMs; "compact": a few tagged lines for small
+# models trained from scratch (the toy world), where every instruction token costs compute.
+STYLES = ("full", "compact")
+
 _FORMAT = (
     "Write at most {max_items} criteria, one per line, each in the form\n"
     "[w] criterion\n"
@@ -43,8 +47,14 @@ _FORMAT = (
 
 
 def dynamic_rubric_generator_messages(prompt: str, responses: Sequence[str], *,
-                                      max_items: int = 16) -> Messages:
-    """DynamicRubric: a rubric that separates the given candidate responses."""
+                                      max_items: int = 16, style: str = "full") -> Messages:
+    """DynamicRubric: a rubric that separates the given candidate responses; with no responses,
+    the static baseline's rubric from the prompt alone."""
+    _check_style(style)
+    if style == "compact":
+        return _user("rubric for: " + prompt + "\n" + "".join(f"a: {r}\n" for r in responses))
+    if not responses:
+        return genrubric_generator_messages(prompt, max_items=max_items, signed=False)
     shown = "\n\n".join(f"<response {k}>\n{r}\n</response {k}>"
                         for k, r in enumerate(responses, start=1))
     content = (
@@ -66,8 +76,20 @@ def dynamic_rubric_generator_messages(prompt: str, responses: Sequence[str], *,
     return [{"role": "user", "content": content}]
 
 
-def genrubric_generator_messages(prompt: str, *, max_items: int = 16) -> Messages:
-    """GenRubric: a rubric from the query alone, with penalties for observable errors."""
+def genrubric_generator_messages(prompt: str, *, max_items: int = 16, style: str = "full",
+                                 signed: bool = True) -> Messages:
+    """GenRubric: a rubric from the query alone, with penalties for observable errors
+    (``signed=False``: positive criteria only, the static DynamicRubric baseline)."""
+    _check_style(style)
+    if style == "compact":
+        return _user(f"rubric for: {prompt}\n")
+    if not signed:
+        return _user(
+            "Write a grading rubric for the user prompt below, to judge any response to it.\n\n"
+            "Every criterion states one quality a strong response shows, can be answered with a "
+            "plain yes or no, and makes sense on its own. Weight each criterion by how necessary "
+            "it is, from 1 (nice to have) to 5 (essential).\n\n"
+            f"User prompt:\n<prompt>\n{prompt}\n</prompt>\n\n" + _FORMAT.format(max_items=max_items))
     content = (
         "Write a grading rubric for the user prompt below, to judge any response to it.\n\n"
         "Use two kinds of criteria:\n"
@@ -83,12 +105,16 @@ def genrubric_generator_messages(prompt: str, *, max_items: int = 16) -> Message
     return [{"role": "user", "content": content}]
 
 
-def verifier_messages(prompt: str, response: str, criterion: str) -> Messages:
+def verifier_messages(prompt: str, response: str, criterion: str, *,
+                      style: str = "full") -> Messages:
     """Verifier: does one response meet one criterion? The criterion comes last (shared prefix).
 
     ``criterion`` is spliced right after ``Criterion:``: rubric item tokens usually carry the
     separating space themselves (see `jaxrubric.rubric.grammar`).
     """
+    _check_style(style)
+    if style == "compact":
+        return _user(f"q: {prompt}\na: {response}\nc:{criterion}\n")
     content = (
         "You are grading one response against one criterion. Read the user prompt and the "
         "response, then decide whether the response meets the criterion.\n"
@@ -103,8 +129,11 @@ def verifier_messages(prompt: str, response: str, criterion: str) -> Messages:
     return [{"role": "user", "content": content}]
 
 
-def induced_response_messages(prompt: str, rubric: str) -> Messages:
+def induced_response_messages(prompt: str, rubric: str, *, style: str = "full") -> Messages:
     """GenRubric's rubric-induced response: answer the query so as to satisfy the rubric."""
+    _check_style(style)
+    if style == "compact":
+        return _user(f"rubric:\n{rubric}\nq: {prompt}")
     content = (
         "Answer the user prompt below. A grading rubric for it is given too: each line is "
         "\"[w] criterion\"; a positive weight marks something a good answer does (higher is more "
@@ -115,6 +144,15 @@ def induced_response_messages(prompt: str, rubric: str) -> Messages:
         f"User prompt:\n{prompt}"
     )
     return [{"role": "user", "content": content}]
+
+
+def _user(content: str) -> Messages:
+    return [{"role": "user", "content": content}]
+
+
+def _check_style(style: str) -> None:
+    if style not in STYLES:
+        raise ValueError(f"template style {style!r} is not one of {STYLES}")
 
 
 # ----------------------------------------------------------------------------- host side
@@ -204,40 +242,43 @@ def token_template(tokenizer: Any, messages: Messages, slots: Sequence[str],
 
 def dynamic_rubric_generator_template(tokenizer: Any, num_responses: int, *,
                                       max_items: int = 16,
-                                      chat_template_kwargs: Mapping[str, Any] | None = None
-                                      ) -> TokenTemplate:
-    """Slots ``prompt, response_1 .. response_K``."""
+                                      chat_template_kwargs: Mapping[str, Any] | None = None,
+                                      style: str = "full") -> TokenTemplate:
+    """Slots ``prompt, response_1 .. response_K`` (``num_responses=0``: the static rubric)."""
     responses = [slot_marker(f"response_{k}") for k in range(1, num_responses + 1)]
     messages = dynamic_rubric_generator_messages(slot_marker("prompt"), responses,
-                                                 max_items=max_items)
+                                                 max_items=max_items, style=style)
     slots = ("prompt", *(f"response_{k}" for k in range(1, num_responses + 1)))
     return token_template(tokenizer, messages, slots, chat_template_kwargs)
 
 
 def genrubric_generator_template(tokenizer: Any, *, max_items: int = 16,
-                                 chat_template_kwargs: Mapping[str, Any] | None = None
-                                 ) -> TokenTemplate:
+                                 chat_template_kwargs: Mapping[str, Any] | None = None,
+                                 style: str = "full") -> TokenTemplate:
     """Slot ``prompt``."""
-    messages = genrubric_generator_messages(slot_marker("prompt"), max_items=max_items)
+    messages = genrubric_generator_messages(slot_marker("prompt"), max_items=max_items,
+                                            style=style)
     return token_template(tokenizer, messages, ("prompt",), chat_template_kwargs)
 
 
 def verifier_template(tokenizer: Any,
-                      chat_template_kwargs: Mapping[str, Any] | None = None) -> TokenTemplate:
+                      chat_template_kwargs: Mapping[str, Any] | None = None,
+                      style: str = "full") -> TokenTemplate:
     """Slots ``prompt, response, criterion``; all after the criterion is the branch suffix."""
     slots = ("prompt", "response", "criterion")
-    template = token_template(tokenizer, verifier_messages(*map(slot_marker, slots)), slots,
-                              chat_template_kwargs)
+    template = token_template(tokenizer, verifier_messages(*map(slot_marker, slots), style=style),
+                              slots, chat_template_kwargs)
     if not template.segments[-1]:
         raise ValueError("the verifier template has nothing after the criterion to answer at")
     return template
 
 
 def induced_response_template(tokenizer: Any,
-                              chat_template_kwargs: Mapping[str, Any] | None = None
-                              ) -> TokenTemplate:
+                              chat_template_kwargs: Mapping[str, Any] | None = None,
+                              style: str = "full") -> TokenTemplate:
     """Slots ``rubric, prompt``."""
-    messages = induced_response_messages(slot_marker("prompt"), slot_marker("rubric"))
+    messages = induced_response_messages(slot_marker("prompt"), slot_marker("rubric"),
+                                         style=style)
     return token_template(tokenizer, messages, ("rubric", "prompt"), chat_template_kwargs)
 
 

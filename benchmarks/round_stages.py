@@ -1,0 +1,102 @@
+"""Where a DynamicRubric round spends its time: the round's stages, timed by prefixes.
+
+The round is one compiled program, so its stages cannot be timed from the host. This script
+compiles growing prefixes of the round as separate programs (policy sampling; + the generator's
+rubrics; + verification and rewards, i.e. `coevolve.dynamic_rubric_rollout`; the whole round
+with both GRPO updates) and reports each stage as the difference of consecutive prefixes, next
+to its share of the model FLOPs (`jaxrubric.flops.round_flops_by_stage`). Prints a markdown table.
+
+    python benchmarks/round_stages.py [--config configs/tiny_dynamic_rubric.py] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import jax
+
+from jaxrubric import coevolve, flops, sampling
+from jaxrubric.config import load_config
+from jaxrubric.rubric import templates as tpl
+from jaxrubric.train import CoevolveTask
+
+
+def prefixes(setup: coevolve.RoundSetup):
+    """The round's growing prefixes, each returning something that depends on all its work."""
+    cfg = setup.config
+
+    def responses(state, frozen, batch, rng):
+        policy, _, _ = setup.models(state, frozen)
+        return sampling.sample(
+            policy, batch["policy_input"], batch["policy_mask"], batch["policy_len"],
+            jax.random.split(rng)[0], num_samples=cfg.num_responses,
+            max_new_tokens=cfg.response_tokens, temperature=cfg.policy_temperature,
+            top_p=cfg.top_p, stop_token_ids=setup.stop_token_ids)
+
+    def rubrics(state, frozen, batch, rng):
+        out = responses(state, frozen, batch, rng)
+        _, generator, _ = setup.models(state, frozen)
+        text_len = out.lengths - out.finished.astype("int32")
+        shown = len(setup.generator_template.slots) - 1
+        gen_input = tpl.assemble(
+            setup.generator_template,
+            [batch["prompt"], *(out.tokens[:, k] for k in range(shown))],
+            [batch["prompt_len"], *(text_len[:, k] for k in range(shown))],
+            pad_id=setup.pad_id, align="right")
+        return coevolve.write_rubrics(setup, generator, gen_input, jax.random.split(rng)[1])
+
+    def rollout(state, frozen, batch, rng):
+        return coevolve.dynamic_rubric_rollout(setup, state, frozen, batch, rng)
+
+    def whole(state, frozen, batch, rng):
+        return coevolve.dynamic_rubric_round(setup, state, frozen, batch, rng)
+
+    return {"policy samples": responses, "generator writes rubrics": rubrics,
+            "verification + rewards": rollout, "GRPO updates (both roles)": whole}
+
+
+def best_time(fn, args, repeats: int) -> float:
+    jax.block_until_ready(fn(*args))  # compile
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="configs/tiny_dynamic_rubric.py")
+    parser.add_argument("--repeats", type=int, default=5)
+    args, overrides = parser.parse_known_args()
+    config = load_config(args.config, [o.removeprefix("--config.") for o in overrides])
+    task = CoevolveTask(config)
+    state = task.init_state(jax.random.key(0))
+    batch, rng = task.batch(0), jax.random.key(1)
+    cumulative, previous = {}, 0.0
+    for name, fn in prefixes(task.setup).items():
+        # The whole round donates nothing here: timing reruns it on the same state.
+        total = best_time(jax.jit(fn), (state, task.frozen, batch, rng), args.repeats)
+        cumulative[name], previous = total - previous, total
+    stage_flops = flops.round_flops_by_stage(
+        *(task.models[r].config for r in ("policy", "generator", "verifier")), task.setup.config,
+        flops.round_shapes(task.setup, {k: v.shape for k, v in batch.items()}))
+    groups = {"policy samples": ("policy/sample",), "generator writes rubrics": ("generator/sample",),
+              "verification + rewards": ("verifier/",),
+              "GRPO updates (both roles)": ("/update", "/reference")}
+    total_flops = sum(stage_flops.values())
+    print(f"config {args.config}, {jax.device_count()} {jax.devices()[0].platform} device(s), "
+          f"best of {args.repeats}\n")
+    print("| stage | ms | share of time | share of model FLOPs |")
+    print("|---|---:|---:|---:|")
+    for name, seconds in cumulative.items():
+        share = sum(v for k, v in stage_flops.items() if any(p in k for p in groups[name]))
+        print(f"| {name} | {1e3 * seconds:.1f} | {seconds / previous:.0%} | "
+              f"{share / total_flops:.0%} |")
+    print(f"| whole round | {1e3 * previous:.1f} | 100% | 100% |")
+
+
+if __name__ == "__main__":
+    main()
