@@ -120,13 +120,29 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace, overrides: Sequence[str]) -> int:
+    if args.config is None:
+        return _toy_world(args, overrides)
     from jaxrubric.config import load_config
     from jaxrubric.train import train
 
+    if not args.workdir:
+        raise SystemExit("jaxrubric train: --workdir is required with --config")
     config = load_config(args.config, overrides)
     summary = train(config, args.workdir)
     if summary.get("preempted"):
         print(f"stopped by SIGTERM after round {summary['final_round']}; checkpoint saved")
+    return 0
+
+
+def _toy_world(args: argparse.Namespace, overrides: Sequence[str]) -> int:
+    """`jaxrubric train` without a config: the toy world, end to end."""
+    from jaxrubric.toy.world import ToyWorldConfig, run_toy_world
+
+    if overrides:
+        raise SystemExit("--config.KEY=VALUE overrides need --config; the toy world takes "
+                         "--seed and --rounds")
+    config = ToyWorldConfig(seed=args.seed, **({"rounds": args.rounds} if args.rounds else {}))
+    run_toy_world(args.workdir or "toy_world", config)
     return 0
 
 
@@ -163,11 +179,17 @@ def build_parser() -> argparse.ArgumentParser:
     sample.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None)
     sample.set_defaults(func=_sample)
 
-    train = sub.add_parser("train", help="co-evolve a policy and a rubric generator",
-                           description="Extra --config.KEY=VALUE arguments override the config.")
-    train.add_argument("--config", required=True, help="a config file (configs/NAME.py)")
-    train.add_argument("--workdir", required=True, help="checkpoints, TensorBoard logs; rerun "
-                                                        "with the same folder to resume")
+    train = sub.add_parser(
+        "train", help="co-evolve a policy and a rubric generator",
+        description="Extra --config.KEY=VALUE arguments override the config. Without --config: "
+                    "the toy world (warm starts, then co-evolving, frozen-generator and "
+                    "ground-truth runs, a summary and a plot in the workdir).")
+    train.add_argument("--config", help="a config file (configs/NAME.py); none: the toy world")
+    train.add_argument("--workdir", help="checkpoints, TensorBoard logs; rerun with the same "
+                                         "folder to resume (required with --config; toy world default: toy_world)")
+    train.add_argument("--seed", type=int, default=0, help="toy world only")
+    train.add_argument("--rounds", type=int, default=0,
+                       help="toy world only: rounds of each compared run (0: the default)")
     train.set_defaults(func=_train, takes_overrides=True)
 
     export = sub.add_parser("export", help="write a trained model as an HF checkpoint")
@@ -179,6 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     from jaxrubric.eval import evaluate as evaluate_command
     evaluate_command.add_parser(sub)
+    from jaxrubric import plan as plan_command
+    plan_command.add_parser(sub)
 
     convert = sub.add_parser("convert", help="convert between HF and orbax checkpoints")
     convert.add_argument("--to", choices=["orbax", "hf"], required=True)

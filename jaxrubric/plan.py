@@ -1,0 +1,785 @@
+"""`jaxrubric plan`: will a training config fit in device memory, per device, before any run?
+
+A co-evolution round holds three models, two optimiser states and the references at once, and
+its rollouts and updates need KV caches and activations on top. This module answers from the
+config alone, in seconds on a laptop CPU: no weights are loaded and no devices of the target
+mesh are needed. Parameter shapes and their `logical_axes` come from the real model code
+(`nnx.eval_shape` of `Decoder`), their per-device shards from `sharding.logical_to_spec` on an
+abstract mesh, and optimiser state from `optax`'s own `init` evaluated on those shards.
+
+Memory is counted in two kinds:
+
+- **state**, held for the whole round: policy and generator parameters, their AdamW states
+  (two moments in the parameter dtype and a step count; gradient clipping keeps nothing),
+  the reference copies of each role whose beta > 0 (same dtype as its parameters, as
+  `train._copy_params` copies them), the verifier's parameters and the batch;
+- **phases**, one after another inside the round, each freeing its buffers before the next:
+  policy rollout, generator rollout, verifier passes, generator update, policy update. The
+  peak is the state plus the largest phase, not the sum of all phases; this is also what
+  XLA's buffer assignment reports as temporary memory (`--compile` compares the two).
+
+Per-device sizes assume the round is partitioned as the sharding rules intend: batch rows
+split over `data` x `fsdp`, attention heads, kv heads, MLP and vocabulary split over `tensor`
+where the size divides. The transient formulas (bytes per device; `r` rows per device, `T`
+query and `S` key positions, `D` hidden, `h` / `kv` local heads, `hd` head dim, `f` local MLP
+width, `V` local padded vocabulary, `c` bytes of the compute dtype, `L` layers):
+
+- hidden states `act(T) = r T D c`; tree or causal mask `r T S` bytes (bool);
+- attention of one layer `r h T S (4 + c)`: the einsum attention materialises float32 scores
+  and compute-dtype probabilities (no flash attention), so this term grows as `T S`;
+- projections `r (T h + 2 S kv) hd c`; MLP `3 r T f c` (gate, up, their product);
+- one layer's forward working set `W(T, S) = 2 act(T) + max(projections + attention, MLP)`;
+- a rollout (`sampling.sample`: prefill the prompts into a cache of P + N slots, copy it for
+  each of the samples, decode N tokens): KV cache `rows (P + N) L 2 kv hd c`; its peak is the
+  prompts' cache + the larger of the prefill (`W(P, P + N)` + mask) and the copied cache
+  with the decode step's logits;
+- a verifier pass over tree rows of length `Lt` (`rubric/verifier.py`): the tree mask +
+  `W(Lt, Lt)` + float32 logits at the `G M` answer positions;
+- an update on sequences of T tokens: gradients (the role's parameter shards) + the layers'
+  saved activations + `2 W(T, T)` for the backward pass of one layer + the log-prob chunk
+  `3 r C V 4` (float32 logits, their exponentials and their cotangent; `C` = logprob_chunk)
+  + one layer's weights gathered over `fsdp` in the compute dtype. Saved activations with
+  remat `full`: `L act(T)` (each layer's input); with any other policy:
+  `L (2 act(T) + projections + attention + MLP)` (every residual: an upper bound for the
+  `dots_*` policies, which recompute the cheap element-wise ops).
+
+Checked against XLA (`tests/test_plan.py`, tiny config, CPU): arguments agree to the byte;
+temporaries within 0.9-1.25x where XLA partitions as the rules intend (data-parallel mesh).
+On an `fsdp` mesh XLA may keep some activations whole over the batch (the model code puts no
+sharding constraints on activations), and then needs more than the plan says: twice as much
+on the tiny config with fsdp=8.
+
+Where the tokenizer cannot be read offline (a hub id not in the local cache) the prompt
+templates' constant lengths are estimated from their text (`CHARS_PER_TOKEN`) and the plan
+says so; those templates are a few hundred tokens next to prompts and responses of thousands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import re
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from flax import nnx
+from jax.sharding import AbstractMesh, AxisType
+
+from jaxrubric import sharding as shd
+from jaxrubric.config import ConfigFileError, load_config, round_config
+from jaxrubric.models.config import ConfigError, ModelConfig, tiny_config
+from jaxrubric.models.hf import CheckpointError, load_tokenizer, read_config_json
+from jaxrubric.genrubric_round import GENRUBRIC_WEIGHTS
+from jaxrubric.models.transformer import Decoder
+from jaxrubric.rubric import grammar as grammar_lib
+from jaxrubric.rubric import templates as tpl
+
+GIB = 1024**3
+ROLES = ("policy", "generator", "verifier")
+TRAINED = ("policy", "generator")
+CHARS_PER_TOKEN = 4  # English prose under a 128k-150k BPE vocabulary: about 4 characters
+CHAT_HEAD_TOKENS = 32  # chat-template tokens before the user text (Llama 3.1 adds a system turn)
+CHAT_TAIL_TOKENS = 16  # end of turn + assistant header (+ Qwen3's empty think block)
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
+
+# The config.json fields of hub checkpoints the recipes name, for planning offline (no
+# download, no cache): only what `ModelConfig.from_hf_dict` reads.
+KNOWN_ARCHITECTURES: dict[str, dict[str, Any]] = {
+    "Qwen/Qwen3-8B": {
+        "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 4096,
+        "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
+        "tie_word_embeddings": False, "max_position_embeddings": 40960,
+        "bos_token_id": 151643, "eos_token_id": 151645,
+    },
+    **{name: {
+        "model_type": "llama", "vocab_size": 128256, "hidden_size": 4096,
+        "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-5, "rope_theta": 5e5,
+        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+        "tie_word_embeddings": False, "max_position_embeddings": 131072,
+        "bos_token_id": 128000, "eos_token_id": eos,
+    } for name, eos in (("meta-llama/Llama-3.1-8B-Instruct", [128001, 128008, 128009]),
+                        ("meta-llama/Llama-3.1-8B", 128001))},
+}
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+class PlanError(ValueError):
+    """A plan that cannot be made as asked: a bad mesh, memory size or model source."""
+
+
+# ----------------------------------------------------------------------------- parsing
+def parse_mesh(text: str) -> dict[str, int]:
+    """`data=D,fsdp=F,tensor=T` (any subset; missing axes are 1, one size may be -1)."""
+    shape: dict[str, int] = {}
+    for part in text.split(","):
+        name, sep, size = part.strip().partition("=")
+        if not sep or name not in shd.MESH_AXES or not re.fullmatch(r"-1|[1-9]\d*", size.strip()):
+            raise PlanError(f"--mesh {text!r}: expected comma-separated AXIS=SIZE with AXIS in "
+                            f"{shd.MESH_AXES} and SIZE a positive integer (or -1), e.g. "
+                            "'data=1,fsdp=4,tensor=1'")
+        if name in shape:
+            raise PlanError(f"--mesh {text!r}: axis {name!r} given twice")
+        shape[name] = int(size)
+    return {axis: shape.get(axis, 1) for axis in shd.MESH_AXES}
+
+
+def parse_bytes(text: str) -> int:
+    """`95GiB`, `80GB`, `16384MiB` or a plain byte count -> bytes."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if not match or match.group(2).lower() not in _UNITS:
+        raise PlanError(f"memory size {text!r}: expected a number and a unit "
+                        "(GiB, GB, MiB, MB, TiB, TB), e.g. 95GiB")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def resolve_mesh(shape: Mapping[str, int], devices: int | None) -> dict[str, int]:
+    """A mesh shape with its -1 filled in from `devices`, checked against `devices`."""
+    sizes = {axis: int(shape.get(axis, 1)) for axis in shd.MESH_AXES}
+    if any(s == 0 or s < -1 for s in sizes.values()) or list(sizes.values()).count(-1) > 1:
+        raise PlanError(f"mesh {sizes}: sizes must be positive, with at most one -1")
+    known = math.prod(s for s in sizes.values() if s != -1)
+    if -1 in sizes.values():
+        if devices is None:
+            raise PlanError(f"mesh {sizes} has a -1 axis: give --devices N or every axis size")
+        if devices % known:
+            raise PlanError(f"mesh {sizes} does not divide {devices} devices")
+        sizes = {a: devices // known if s == -1 else s for a, s in sizes.items()}
+    elif devices is not None and known != devices:
+        raise PlanError(f"mesh {sizes} covers {known} devices, not {devices}")
+    return sizes
+
+
+def abstract_mesh(shape: Mapping[str, int]) -> AbstractMesh:
+    """A device-free mesh: all that `sharding.logical_to_spec` needs is its shape."""
+    return AbstractMesh(tuple(shape[a] for a in shd.MESH_AXES), shd.MESH_AXES,
+                        axis_types=(AxisType.Auto,) * len(shd.MESH_AXES))
+
+
+# ----------------------------------------------------------------------------- models
+def _tokenizer_source(config: ml_collections.ConfigDict) -> str:
+    return config.tokenizer or config.policy.path
+
+
+def load_tokenizer_offline(source: str) -> Any | None:
+    """The tokenizer of a local folder, or of a hub id already in the local cache; None when
+    neither exists (planning never downloads)."""
+    if not source:
+        return None
+    folder = Path(source).expanduser()
+    if folder.is_dir():  # a weights-only folder has no tokenizer to read
+        has_files = any((folder / f).is_file() for f in _TOKENIZER_FILES)
+        return load_tokenizer(folder) if has_files else None
+    from transformers import AutoTokenizer
+    try:
+        return AutoTokenizer.from_pretrained(source, local_files_only=True)
+    except (OSError, ValueError):
+        return None
+
+
+def _hf_config(path: str) -> tuple[dict[str, Any], str]:
+    """config.json of a local folder, a cached hub id or a built-in architecture, and where
+    it came from."""
+    folder = Path(path).expanduser()
+    if folder.is_dir():
+        return read_config_json(folder), f"{folder}/config.json"
+    from huggingface_hub import try_to_load_from_cache
+    cached = try_to_load_from_cache(path, "config.json")
+    if isinstance(cached, str):
+        return json.loads(Path(cached).read_text()), f"{path} (local hub cache)"
+    if path in KNOWN_ARCHITECTURES:
+        return KNOWN_ARCHITECTURES[path], f"{path} (built-in architecture table)"
+    raise PlanError(f"{path}: no such local folder, not in the local hub cache, and not a "
+                    f"built-in architecture ({', '.join(KNOWN_ARCHITECTURES)}); pass a folder "
+                    "holding its config.json")
+
+
+def role_model_config(role: ml_collections.ConfigDict, tokenizer: Any, mesh: AbstractMesh,
+                      config_tokenizer: str = "") -> tuple[ModelConfig, str]:
+    """The `ModelConfig` the trainer builds for a role (see `train._role_model`), and its
+    source; an empty path is the tiny random Qwen3 over the tokenizer's vocabulary."""
+    common = dict(dtype=role.dtype, param_dtype=role.param_dtype, remat=role.remat,
+                  vocab_multiple=shd.vocab_multiple(mesh))
+    if role.path:
+        hf, source = _hf_config(role.path)
+        return ModelConfig.from_hf_dict(hf, source=source, **common), source
+    if tokenizer is None:
+        raise PlanError("an empty role path means a tiny random model over the tokenizer's "
+                        f"vocabulary, but the tokenizer {config_tokenizer!r} cannot be read "
+                        "offline")
+    return tiny_config("qwen3", vocab_size=len(tokenizer), eos_token_ids=(tokenizer.eos_token_id,),
+                       pad_token_id=tokenizer.pad_token_id, **common), "tiny random Qwen3"
+
+
+def _param_variables(model_config: ModelConfig) -> list[nnx.Variable]:
+    """The abstract parameters of the real `Decoder`, with their logical axes."""
+    abstract = nnx.eval_shape(lambda: Decoder(model_config, rngs=nnx.Rngs(0)))
+    return [v for _, v in nnx.to_flat_state(nnx.state(abstract, nnx.Param))]
+
+
+def shard_shape(shape: Sequence[int], spec: Any, mesh_shape: Mapping[str, int]) -> tuple[int, ...]:
+    """One device's slice of an array of `shape` partitioned by `spec`."""
+    out = []
+    for dim, entry in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
+        axes = () if entry is None else ((entry,) if isinstance(entry, str) else entry)
+        out.append(dim // math.prod(mesh_shape[a] for a in axes))
+    return tuple(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class RoleParams:
+    """A role's parameters: model config, global counts, and this device's shards."""
+
+    config: ModelConfig
+    source: str
+    count: int
+    layer_count: int  # parameters of one layer
+    shards: list[jax.ShapeDtypeStruct]
+
+    @property
+    def bytes(self) -> int:
+        return tree_bytes(self.shards)
+
+
+def role_params(model_config: ModelConfig, source: str, mesh: AbstractMesh) -> RoleParams:
+    """Shapes from `nnx.eval_shape` of the real model, sharded by the training rules."""
+    shards, count, layer_count = [], 0, 0
+    for var in _param_variables(model_config):
+        axes = var.get_metadata()["logical_axes"]
+        spec = shd.logical_to_spec(axes, var.shape, mesh)
+        shards.append(jax.ShapeDtypeStruct(shard_shape(var.shape, spec, mesh.shape), var.dtype))
+        count += math.prod(var.shape)
+        if axes[0] == "layers":
+            layer_count += math.prod(var.shape[1:])
+    return RoleParams(model_config, source, count, layer_count, shards)
+
+
+def tree_bytes(tree: Any) -> int:
+    return sum(math.prod(x.shape) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
+
+
+def optimizer_bytes(config: ml_collections.ConfigDict, role: str, params: RoleParams) -> int:
+    """The trainer's optimiser state for one role, per device: AdamW is element-wise, so its
+    state for a parameter shard is its state for the whole parameter, sliced."""
+    from jaxrubric.train import _optimizer
+    optimizer = _optimizer(config.optim[f"{role}_lr"], config)
+    return tree_bytes(jax.eval_shape(optimizer.init, params.shards))
+
+
+# ----------------------------------------------------------------------------- lengths
+def _estimated_template(messages: list[dict[str, str]], slots: Sequence[str]
+                        ) -> tpl.TokenTemplate:
+    """A `TokenTemplate` whose constant segments have the estimated token counts of the
+    plainly rendered text plus chat formatting (their ids are placeholders)."""
+    text = tpl.render_chat(None, messages)
+    pieces = []
+    for slot in slots:
+        head, text = text.split(tpl.slot_marker(slot), 1)
+        pieces.append(head)
+    pieces.append(text)
+    counts = [-(-len(p) // CHARS_PER_TOKEN) for p in pieces]
+    counts[0] += CHAT_HEAD_TOKENS
+    counts[-1] += CHAT_TAIL_TOKENS
+    return tpl.TokenTemplate(tuple(slots), tuple((0,) * n for n in counts), tuple(pieces))
+
+
+def shown_responses(config: ml_collections.ConfigDict) -> int:
+    """How many responses the DynamicRubric generator sees (none for the static baseline)."""
+    return 0 if config.round.rubric_source == "static" else config.round.num_responses
+
+
+def round_templates(config: ml_collections.ConfigDict, tokenizer: Any
+                    ) -> dict[str, tpl.TokenTemplate]:
+    """The generator, verifier and (GenRubric) induced-response templates of the round:
+    tokenised with the real tokenizer when there is one, else estimated."""
+    m, style = config.rubric.max_items, config.rubric.template_style
+    genrubric = config.method == "genrubric"
+    if tokenizer is not None:
+        kwargs = dict(chat_template_kwargs=dict(config.chat_template_kwargs) or None, style=style)
+        out = {"verifier": tpl.verifier_template(tokenizer, **kwargs)}
+        if genrubric:
+            out["generator"] = tpl.genrubric_generator_template(tokenizer, max_items=m, **kwargs)
+            out["induced"] = tpl.induced_response_template(tokenizer, **kwargs)
+        else:
+            out["generator"] = tpl.dynamic_rubric_generator_template(
+                tokenizer, shown_responses(config), max_items=m, **kwargs)
+        return out
+    mark = tpl.slot_marker
+    out = {"verifier": _estimated_template(
+        tpl.verifier_messages(mark("prompt"), mark("response"), mark("criterion"), style=style),
+        ("prompt", "response", "criterion"))}
+    if genrubric:
+        out["generator"] = _estimated_template(
+            tpl.genrubric_generator_messages(mark("prompt"), max_items=m, style=style),
+            ("prompt",))
+        out["induced"] = _estimated_template(
+            tpl.induced_response_messages(mark("prompt"), mark("rubric"), style=style),
+            ("rubric", "prompt"))
+    else:
+        responses = [f"response_{i}" for i in range(1, shown_responses(config) + 1)]
+        out["generator"] = _estimated_template(
+            tpl.dynamic_rubric_generator_messages(mark("prompt"), [mark(r) for r in responses],
+                                                  max_items=m, style=style),
+            ("prompt", *responses))
+    return out
+
+
+def rubric_tokens(config: ml_collections.ConfigDict) -> int:
+    """The generator's output length: the grammar's longest rubric (its own property, read
+    from the weights, M and Li without building the token automaton)."""
+    weights = GENRUBRIC_WEIGHTS if config.method == "genrubric" else tuple(range(1, 6))
+    fields = SimpleNamespace(weights=weights, max_items=config.rubric.max_items,
+                             max_item_tokens=config.rubric.max_item_tokens)
+    return grammar_lib.RubricGrammar.max_rubric_tokens.fget(fields)
+
+
+@dataclasses.dataclass(frozen=True)
+class Shapes:
+    """The sequence lengths and row counts (global) of every stage of the round."""
+
+    rubric: int  # Lrub
+    generator_prompt: int  # Lgen
+    policy_prompt: int  # the prompt the policy answers (chat prompt or induced prompt)
+    policy_rows: int  # sampled responses per round
+    generator_rows: int  # sampled rubrics per round
+    verifier: dict[str, tuple[int, int]]  # pass -> (rows, tree length)
+
+
+def round_shapes(config: ml_collections.ConfigDict, templates: dict[str, tpl.TokenTemplate]
+                 ) -> Shapes:
+    """Static shapes as `coevolve.dynamic_rubric_round` / `genrubric_round` build them."""
+    d, rc = config.data, config.round
+    b, k, g = d.batch_size, rc.num_responses, rc.num_rubrics
+    n = rc.response_tokens
+    lrub = rubric_tokens(config)
+    ver = templates["verifier"]
+    prefix = ver.head(2).constant_length + d.prompt_tokens
+    branches = g * config.rubric.max_items * (config.rubric.max_item_tokens
+                                              + len(ver.segments[-1]))
+    gen_const = templates["generator"].constant_length
+    if config.method == "genrubric":
+        return Shapes(
+            rubric=lrub, generator_prompt=gen_const + d.prompt_tokens,
+            policy_prompt=templates["induced"].constant_length + lrub + d.prompt_tokens,
+            policy_rows=b * g, generator_rows=b * g,
+            verifier={"induced responses": (b * g, prefix + n + branches)})
+    return Shapes(
+        rubric=lrub,
+        generator_prompt=gen_const + d.prompt_tokens + shown_responses(config) * n,
+        policy_prompt=d.policy_tokens, policy_rows=b * k, generator_rows=b * g,
+        verifier={"responses": (b * k, prefix + n + branches),
+                  "anchors": (b * d.num_anchors, prefix + d.anchor_tokens + branches)})
+
+
+# ----------------------------------------------------------------------------- transients
+@dataclasses.dataclass(frozen=True)
+class Local:
+    """Per-device model dimensions (see the module docstring for the symbols)."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    mlp: int
+    vocab: int
+    c: int  # bytes of the compute dtype
+    gathered_layer: int  # one layer's weights gathered over fsdp, compute dtype
+
+    @classmethod
+    def of(cls, params: RoleParams, tensor: int) -> "Local":
+        m = params.config
+        split = lambda x: x // tensor if x % tensor == 0 else x  # noqa: E731
+        c = jnp.dtype(m.dtype).itemsize
+        return cls(m.num_layers, m.hidden_size, split(m.num_heads), split(m.num_kv_heads),
+                   m.head_dim, split(m.intermediate_size), split(m.padded_vocab_size), c,
+                   params.layer_count // tensor * c)
+
+    def act(self, r: int, t: int) -> int:
+        return r * t * self.hidden * self.c
+
+    def attention(self, r: int, t: int, s: int) -> int:
+        return r * self.heads * t * s * (4 + self.c)
+
+    def projections(self, r: int, t: int, s: int) -> int:
+        return r * (t * self.heads + 2 * s * self.kv_heads) * self.head_dim * self.c
+
+    def mlp_bytes(self, r: int, t: int) -> int:
+        return 3 * r * t * self.mlp * self.c
+
+    def working_set(self, r: int, t: int, s: int) -> int:
+        """W(T, S): one layer's forward, at its largest moment."""
+        return 2 * self.act(r, t) + max(self.projections(r, t, s) + self.attention(r, t, s),
+                                        self.mlp_bytes(r, t))
+
+    def saved(self, r: int, t: int, remat: str) -> int:
+        """Activations the layers keep for the backward pass."""
+        if remat == "full":
+            return self.layers * self.act(r, t)
+        every = (2 * self.act(r, t) + self.projections(r, t, t) + self.attention(r, t, t)
+                 + self.mlp_bytes(r, t))
+        return self.layers * every
+
+    @staticmethod
+    def mask(r: int, t: int, s: int) -> int:
+        """A bool per (query, key)."""
+        return r * t * s
+
+    def kv_cache(self, rows: int, length: int) -> int:
+        return rows * length * self.layers * 2 * self.kv_heads * self.head_dim * self.c
+
+
+def _rows(rows: int, ways: int) -> int:
+    return -(-rows // ways)
+
+
+class Phase(NamedTuple):
+    """One stage of the round: its items, its peak and how the items make the peak."""
+
+    items: list[tuple[str, int]]
+    total: int
+    rule: str = "sum"
+
+
+def summed(items: list[tuple[str, int]]) -> Phase:
+    return Phase(items, sum(b for _, b in items))
+
+
+def rollout_phase(loc: Local, prompt_rows: int, samples: int, prompt: int, new: int, ways: int
+                  ) -> Phase:
+    """`sampling.sample` inside the round: the prompts are prefilled into a cache of
+    `prompt + new` slots, the cache is copied for each sample, then tokens are decoded one
+    at a time. The prefill's layer working set is gone before the copy, so the peak is the
+    prompts' cache plus the larger of the two (one sample: no copy, the cache is decoded
+    in place)."""
+    rp = _rows(prompt_rows, ways)
+    r = _rows(prompt_rows * samples, ways)
+    length = prompt + new
+    cache = loc.kv_cache(r, length)
+    step = 4 * r * (3 * loc.vocab + 3 * new)  # logits and log-softmaxes; tokens, log-probs
+    prefill = loc.working_set(rp, prompt, length) + loc.mask(rp, prompt, length)
+    items = [(f"KV cache: {prompt_rows * samples} rows x {length} tokens", cache),
+             ("decode step: logits, sampled tokens and log-probs", step),
+             (f"prefill: one layer over {prompt_rows} x {prompt} tokens", prefill)]
+    if samples == 1:
+        return Phase(items, cache + max(prefill, step), "the cache + the larger of the prefill "
+                                                        "and the decode step")
+    prompt_cache = loc.kv_cache(rp, length)
+    items.insert(2, (f"KV cache of the {prompt_rows} prompts before the {samples}x copy",
+                     prompt_cache))
+    return Phase(items, prompt_cache + max(prefill, cache + step),
+                 "the prompts' cache + the larger of the prefill and the decode")
+
+
+def update_phase(loc: Local, params: RoleParams, rows: int, length: int, chunk: int, ways: int
+                 ) -> Phase:
+    """A GRPO update of one role on `rows` sequences of `length` tokens."""
+    r = _rows(rows, ways)
+    remat = params.config.remat
+    return summed([
+        (f"gradients ({params.config.param_dtype})", params.bytes),
+        (f"saved activations (remat {remat}): {rows} rows x {length} tokens",
+         loc.saved(r, length, remat) + loc.mask(r, length, length)),
+        ("backward of one layer", 2 * loc.working_set(r, length, length)),
+        (f"log-prob chunk: {chunk} tokens x {loc.vocab} vocabulary", 3 * r * chunk * loc.vocab * 4),
+        ("one layer's weights gathered", loc.gathered_layer),
+    ])
+
+
+def verifier_phase(loc: Local, rows: int, length: int, answers: int, ways: int) -> Phase:
+    """One tree forward per (prompt, answer): every item a branch of the shared prefix."""
+    r = _rows(rows, ways)
+    return summed([
+        (f"tree mask: {rows} rows x {length}^2", loc.mask(r, length, length)),
+        (f"one layer's forward over {length} tokens", loc.working_set(r, length, length)
+         + loc.gathered_layer),
+        (f"answer logits: {answers} items per row", r * answers * loc.vocab * 4),
+    ])
+
+
+# ----------------------------------------------------------------------------- the plan
+def state_items(config: ml_collections.ConfigDict, params: dict[str, RoleParams], ways: int
+                ) -> list[tuple[str, int]]:
+    """What the round holds throughout: `coevolve.init_state`'s state, the frozen weights
+    (`train.CoevolveTask`) and the batch; exactly the compiled round's arguments."""
+    rc = round_config(config)
+    items = [(f"{r} params ({params[r].config.param_dtype})", params[r].bytes) for r in TRAINED]
+    items.append(("AdamW state, both roles",
+                  sum(optimizer_bytes(config, r, params[r]) for r in TRAINED)))
+    items += [(f"{r} reference ({params[r].config.param_dtype})", params[r].bytes)
+              for r in TRAINED if getattr(rc, f"{r}_beta") > 0]
+    items.append((f"verifier params ({params['verifier'].config.param_dtype})",
+                  params["verifier"].bytes))
+    # + the rng key (2 x uint32) and the int32 round counter
+    items.append(("batch, rng, round counter",
+                  _rows(config.data.batch_size, ways) * batch_row_bytes(config) + 8 + 4))
+    return items
+
+
+def batch_row_bytes(config: ml_collections.ConfigDict) -> int:
+    """One row of `coevolve.encode_batch`'s arrays: int32 tokens and lengths, bool masks."""
+    d = config.data
+    return (4 * (d.prompt_tokens + 1) + 5 * d.policy_tokens + 4
+            + d.num_anchors * (4 * d.anchor_tokens + 4 + 1))
+
+
+def round_phases(config: ml_collections.ConfigDict, shapes: Shapes, loc: dict[str, Local],
+                 params: dict[str, RoleParams], ways: int) -> dict[str, Phase]:
+    """The round's stages in their order (`dynamic_rubric_round` / `genrubric_round`)."""
+    d, rc = config.data, round_config(config)
+    generator = rollout_phase(loc["generator"], d.batch_size, rc.num_rubrics,
+                              shapes.generator_prompt, shapes.rubric, ways)
+    if config.method == "genrubric":
+        phases = {"generator rollout": generator,
+                  "policy rollout (induced responses)": rollout_phase(
+                      loc["policy"], shapes.policy_rows, 1, shapes.policy_prompt,
+                      rc.response_tokens, ways)}
+    else:
+        phases = {"policy rollout": rollout_phase(
+                      loc["policy"], d.batch_size, rc.num_responses, shapes.policy_prompt,
+                      rc.response_tokens, ways),
+                  "generator rollout": generator}
+    for name, (rows, length) in shapes.verifier.items():
+        phases[f"verifier: {name}"] = verifier_phase(
+            loc["verifier"], rows, length, rc.num_rubrics * config.rubric.max_items, ways)
+    updates = {"generator": (shapes.generator_rows, shapes.generator_prompt + shapes.rubric),
+               "policy": (shapes.policy_rows, shapes.policy_prompt + rc.response_tokens)}
+    for role, (rows, length) in updates.items():  # the generator is updated first
+        if not getattr(rc, f"freeze_{role}"):
+            phases[f"{role} update"] = update_phase(loc[role], params[role], rows, length,
+                                                    rc.logprob_chunk, ways)
+    return phases
+
+
+def plan_memory(config: ml_collections.ConfigDict, device_memory: int, *, headroom: float = 0.1,
+                devices: int | None = None) -> dict[str, Any]:
+    """The per-device memory plan of one round of `config` on `config.mesh` (a -1 axis
+    filled from `devices`).
+
+    Returns `state` (a list of `(label, bytes)`), `phases` (name -> `Phase`), their totals,
+    the peak `total` (state + largest phase), the `usable` memory after `headroom`, `fits`,
+    the models, the round's lengths and the notes a reader needs (estimated templates).
+    """
+    if not 0 <= headroom < 1:
+        raise PlanError(f"--headroom must be in [0, 1), got {headroom}")
+    mesh_shape = resolve_mesh(dict(config.mesh), devices)
+    mesh = abstract_mesh(mesh_shape)
+    ways = shd.batch_ways(mesh)
+    if config.data.batch_size % ways:
+        raise PlanError(f"config.data.batch_size={config.data.batch_size} must be a multiple of "
+                        f"the {ways} ways the mesh {mesh_shape} splits the batch")
+    round_config(config)  # a bad round section fails here, before any model is read
+    source = _tokenizer_source(config)
+    tokenizer = load_tokenizer_offline(source)
+    notes = [] if tokenizer is not None else [
+        f"template lengths estimated: tokenizer {source!r} is not available offline "
+        f"(~{CHARS_PER_TOKEN} characters per token)"]
+    params = {role: role_params(*role_model_config(config[role], tokenizer, mesh, source), mesh)
+              for role in ROLES}
+    shapes = round_shapes(config, round_templates(config, tokenizer))
+    loc = {role: Local.of(params[role], mesh_shape["tensor"]) for role in ROLES}
+    state = state_items(config, params, ways)
+    phases = round_phases(config, shapes, loc, params, ways)
+    state_total = sum(b for _, b in state)
+    phase_totals = {name: phase.total for name, phase in phases.items()}
+    peak_phase = max(phase_totals, key=phase_totals.get)
+    total = state_total + phase_totals[peak_phase]
+    usable = int(device_memory * (1 - headroom))
+    return {
+        "method": config.method, "mesh": mesh_shape,
+        "devices": math.prod(mesh_shape.values()), "batch_ways": ways,
+        "models": {r: {"source": params[r].source, "parameters": params[r].count,
+                       "dtype": params[r].config.dtype,
+                       "param_dtype": params[r].config.param_dtype} for r in ROLES},
+        "lengths": {"rubric": shapes.rubric, "generator_prompt": shapes.generator_prompt,
+                    "policy_prompt": shapes.policy_prompt,
+                    **{f"verifier {k}": v[1] for k, v in shapes.verifier.items()}},
+        "templates_estimated": tokenizer is None,
+        "state": state, "state_total": state_total, "phases": phases,
+        "phase_totals": phase_totals, "peak_phase": peak_phase, "total": total,
+        "device_memory": device_memory, "headroom": headroom, "usable": usable,
+        "fits": total <= usable, "notes": notes,
+    }
+
+
+# ----------------------------------------------------------------------------- the compiler
+def local_devices_for(config: ml_collections.ConfigDict, requested: int | None = None) -> int:
+    """The devices a compile runs on (this machine's), checked against the mesh."""
+    available = len(jax.devices())
+    try:
+        if requested not in (None, available):
+            raise PlanError(f"--devices is {requested}")
+        resolve_mesh(dict(config.mesh), available)
+    except PlanError as err:
+        raise PlanError(f"--compile builds the round on this machine's {available} devices: "
+                        f"{err}") from err
+    return available
+
+
+def compiled_memory(config: ml_collections.ConfigDict) -> dict[str, Any]:
+    """XLA's memory analysis of the real round of `config`, compiled for `config.mesh` over
+    this machine's devices (on CPU, fake them with
+    `XLA_FLAGS=--xla_force_host_platform_device_count=N` before jax starts).
+
+    Builds the trainer's task (`train.CoevolveTask`: real models, tokenizer, data) and jits
+    the round as `coevolve.make_round_step` does, with the state donated; it lowers and
+    compiles without running. Per-device bytes: `argument` (state, frozen weights, batch,
+    rng), `output`, `alias` (outputs written into donated arguments), `temp` (XLA's peak of
+    everything else) and `generated_code`.
+    """
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from jaxrubric.train import _METHODS, CoevolveTask
+
+    local_devices_for(config)
+    start = time.perf_counter()
+    task = CoevolveTask(config)
+    state = task.abstract_state()
+    round_fn = _METHODS[config.method][1]
+    shardings = jax.tree.map(lambda x: x.sharding, state)
+    replicated = NamedSharding(task.mesh, PartitionSpec())
+    jitted = jax.jit(lambda s, f, b, r: round_fn(task.setup, s, f, b, r), donate_argnums=(0,),
+                     out_shardings=(shardings, replicated))
+    analysis = jitted.lower(state, task.frozen, task.batch(0), jax.random.key(0)).compile(
+        ).memory_analysis()
+    return {
+        "argument": analysis.argument_size_in_bytes,
+        "output": analysis.output_size_in_bytes,
+        "alias": analysis.alias_size_in_bytes,
+        "temp": analysis.temp_size_in_bytes,
+        "generated_code": analysis.generated_code_size_in_bytes,
+        "seconds": time.perf_counter() - start,
+    }
+
+
+# ----------------------------------------------------------------------------- printing
+def _unit(nbytes: int) -> tuple[str, int]:
+    """GiB, or MiB for plans under 1 GiB (tiny configs) so the numbers are not all 0.00."""
+    return ("GiB", GIB) if nbytes >= GIB else ("MiB", 1024**2)
+
+
+def format_plan(plan: dict[str, Any], title: str = "") -> str:
+    """The plan as a table: sections with their items, the peak and the verdict."""
+    unit, scale = _unit(plan["total"])
+    width = 66
+    row = lambda label, value: f"{label:<{width}}{value / scale:>12.2f}"  # noqa: E731
+    mesh = " ".join(f"{a}={s}" for a, s in plan["mesh"].items())
+    lines = [f"jaxrubric plan: {title} ({plan['method']}), mesh {mesh} = {plan['devices']} "
+             f"devices, batch split {plan['batch_ways']} ways"]
+    for role, m in plan["models"].items():
+        lines.append(f"  {role:<10} {m['source']}: {m['parameters']:,} parameters, "
+                     f"{m['param_dtype']} weights, {m['dtype']} compute")
+    lines += [f"  note: {note}" for note in plan["notes"]]
+    lines += ["", f"{'per device':<{width}}{unit:>12}",
+              row("state, held through the round", plan["state_total"])]
+    lines += [row(f"  {label}", value) for label, value in plan["state"]]
+    for phase_name, phase in plan["phases"].items():
+        lines.append(row(phase_name, phase.total))
+        lines += [row(f"  {label}", value) for label, value in phase.items]
+        if phase.rule != "sum":
+            lines.append(f"  (peak: {phase.rule})")
+    usable = plan["usable"]
+    verdict = ("fits" if plan["fits"] else
+               f"DOES NOT FIT ({plan['total'] / usable:.1f}x the usable memory)")
+    state_verdict = "fits" if plan["state_total"] <= usable else "does not fit"
+    lines += [
+        "",
+        row(f"peak = state + largest phase ({plan['peak_phase']})", plan["total"]),
+        f"device memory {plan['device_memory'] / GIB:.2f} GiB, headroom "
+        f"{plan['headroom']:.0%}: {usable / GIB:.2f} GiB usable -> {verdict}",
+        f"state alone: {plan['state_total'] / GIB:.2f} GiB -> {state_verdict}",
+    ]
+    return "\n".join(lines)
+
+
+def format_comparison(plan: dict[str, Any], compiled: dict[str, int]) -> str:
+    """XLA's numbers beside the plan's, for the parts they measure alike."""
+    unit, scale = _unit(max(compiled["argument"] + compiled["temp"], plan["total"]))
+    arguments = plan["state_total"]
+    temp = plan["phase_totals"][plan["peak_phase"]]
+    row = lambda label, xla, est: (  # noqa: E731
+        f"{label:<44}{xla / scale:>12.2f}" + ("" if est is None else
+                                              f"{est / scale:>12.2f}{est / max(xla, 1):>9.2f}"))
+    return "\n".join([
+        f"XLA memory analysis of the compiled round ({compiled['seconds']:.0f} s to compile), "
+        "per device",
+        f"{'':<44}{'XLA ' + unit:>12}{'plan ' + unit:>12}{'plan/XLA':>9}",
+        row("arguments (state, frozen, batch, rng)", compiled["argument"], arguments),
+        row("temporaries (plan: the largest phase)", compiled["temp"], temp),
+        row("outputs", compiled["output"], None),
+        row("  of which written into donated arguments", compiled["alias"], None),
+        row("generated code", compiled["generated_code"], None),
+    ])
+
+
+# ----------------------------------------------------------------------------- command line
+def _add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", required=True, help="a training config file (configs/NAME.py)")
+    p.add_argument("--mesh", help="data=D,fsdp=F,tensor=T (default: the config's mesh)")
+    p.add_argument("--devices", type=int, help="chips in the slice: fills a -1 mesh axis and "
+                                               "is checked against the mesh")
+    p.add_argument("--device-memory", required=True,
+                   help="memory of one chip, e.g. 95GiB (v5p), 16GiB (v5e), 80GiB (H100)")
+    p.add_argument("--headroom", type=float, default=0.1,
+                   help="fraction of device memory kept free for XLA and fragmentation")
+    p.add_argument("--compile", action="store_true",
+                   help="also compile the real round on this machine's devices and print "
+                        "XLA's memory analysis beside the plan")
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Registers the `plan` subcommand on an `add_subparsers()` object."""
+    p = subparsers.add_parser(
+        "plan", help="per-device memory of a training config on a mesh, without loading weights",
+        description=__doc__.split("\n\n")[0] + " Extra --config.KEY=VALUE arguments override "
+                                               "the config.")
+    _add_arguments(p)
+    p.set_defaults(func=run, takes_overrides=True)
+    return p
+
+
+def run(args: argparse.Namespace, overrides: Sequence[str]) -> int:
+    """The `plan` command: prints the plan (and XLA's analysis with --compile)."""
+    try:
+        config = load_config(args.config, overrides)
+        if args.mesh:
+            for axis, size in parse_mesh(args.mesh).items():
+                config.mesh[axis] = size
+        devices = local_devices_for(config, args.devices) if args.compile else args.devices
+        result = plan_memory(config, parse_bytes(args.device_memory), headroom=args.headroom,
+                             devices=devices)
+        print(format_plan(result, args.config))
+        if args.compile:
+            print()
+            print(format_comparison(result, compiled_memory(config)))
+    except (PlanError, ConfigFileError, ConfigError, CheckpointError) as err:
+        print(f"jaxrubric plan: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`jaxrubric plan ARGS` without the rest of the command line (tests, `python -m`)."""
+    parser = argparse.ArgumentParser(prog="jaxrubric plan", description=__doc__.split("\n\n")[0])
+    _add_arguments(parser)
+    args, extra = parser.parse_known_args(argv)
+    bad = [item for item in extra if not item.startswith("--config.")]
+    if bad:
+        parser.error(f"unrecognized arguments: {' '.join(bad)}")
+    return run(args, [item.removeprefix("--config.") for item in extra])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
