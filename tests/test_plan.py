@@ -2,8 +2,8 @@
 everyone knows and against XLA's own memory analysis of the tiny round."""
 
 import argparse
-import os
 import json
+import os
 import time
 from pathlib import Path
 

@@ -236,3 +236,28 @@ def verify_per_item(model: Decoder, readout: VerifierReadout, prefix_tokens: Arr
     logits = answer_logits_per_item(model, prefix_tokens, prefix_lengths, items, item_lengths,
                                     readout.suffix, pad_id=pad_id)
     return _verdicts(logits, valid, readout)
+
+
+def verdict_loss(model: Decoder, readout: VerifierReadout, prefix_tokens: ArrayLike,
+                 prefix_lengths: ArrayLike, items: ArrayLike, item_lengths: ArrayLike,
+                 valid: ArrayLike, labels: ArrayLike, *, pad_id: int = 0
+                 ) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Supervised loss of a verifier on labelled criteria, through the tree forward `verify`
+    runs: cross-entropy of the yes/no answer (``P(yes) / (P(yes) + P(no))``) against
+    ``labels [B, K, G, M]`` (1 = met), averaged over valid items.
+
+    Training through the inference path keeps train and use identical, and one forward reads
+    G*M labels per (prompt, response) instead of one. Returns ``(loss, {loss, accuracy})``.
+    """
+    logits = answer_logits(model, prefix_tokens, prefix_lengths, items, item_lengths,
+                           readout.suffix, pad_id=pad_id)
+    logits = logits.astype(jnp.float32)
+    margin = (jax.nn.logsumexp(logits[..., jnp.asarray(readout.yes_ids)], axis=-1)
+              - jax.nn.logsumexp(logits[..., jnp.asarray(readout.no_ids)], axis=-1))
+    labels = jnp.asarray(labels, jnp.float32)
+    weight = jnp.broadcast_to(jnp.asarray(valid, bool)[:, None], margin.shape).astype(jnp.float32)
+    nll = -(labels * jax.nn.log_sigmoid(margin) + (1 - labels) * jax.nn.log_sigmoid(-margin))
+    count = jnp.maximum(weight.sum(), 1.0)
+    loss = (nll * weight).sum() / count
+    accuracy = (((margin > 0) == (labels > 0.5)) * weight).sum() / count
+    return loss, {"loss": loss, "accuracy": accuracy}
