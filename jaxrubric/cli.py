@@ -155,6 +155,8 @@ def _export(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jaxrubric", description=__doc__)
+    from jaxrubric import distributed
+    distributed.add_arguments(parser)  # multi-host: before the subcommand, or the environment
     sub = parser.add_subparsers(dest="command", required=True)
 
     smoke = sub.add_parser("smoke", help="load a model and print next-token logits")
@@ -216,6 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
+    from jaxrubric import distributed
+    distributed.initialize_from_args(args)  # before anything touches a device
     if getattr(args, "takes_overrides", False):
         overrides = []
         for item in extra:

@@ -211,3 +211,17 @@ def test_sharded_inputs_and_params_give_the_same_verdicts(models):
                                np.concatenate([np.asarray(x.p_yes) for x in singles]), atol=TOL)
     np.testing.assert_array_equal(np.asarray(got.verdicts),
                                   np.concatenate([np.asarray(x.verdicts) for x in singles]))
+
+
+def test_verdict_loss_is_the_cross_entropy_of_the_verdicts_on_valid_items(models):
+    model, readout = models["qwen3"], READOUT
+    inputs = _random_inputs(model.config.vocab_size, seed=5)
+    labels = np.random.RandomState(0).randint(0, 2, (2, 2, 2, 3)).astype(np.float32)
+    loss, metrics = jax.jit(V.verdict_loss, static_argnames="pad_id")(
+        model, readout, *inputs, labels, pad_id=PAD)
+    p = np.asarray(_verify(model, readout, *inputs, pad_id=PAD).p_yes, np.float64)
+    valid = np.broadcast_to(inputs[4][:, None], p.shape)
+    nll = -(labels * np.log(p) + (1 - labels) * np.log1p(-p))
+    np.testing.assert_allclose(float(loss), nll[valid].mean(), rtol=1e-5)
+    np.testing.assert_allclose(float(metrics["accuracy"]),
+                               ((p > 0.5) == (labels > 0.5))[valid].mean(), rtol=1e-6)
