@@ -219,7 +219,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     from jaxrubric import distributed
-    distributed.initialize_from_args(args)  # before anything touches a device
+    try:  # before anything touches a device
+        distributed.initialize_from_args(args)
+    except distributed.DistributedConfigError as error:
+        parser.error(str(error))
     if getattr(args, "takes_overrides", False):
         overrides = []
         for item in extra:

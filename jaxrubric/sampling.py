@@ -92,7 +92,11 @@ def _sample_step(logits, key, temperature, top_p, params: SamplingParams, gramma
     else:
         filtered = filter_logits(logits, temperature, params.top_k,
                                  top_p if params.use_top_p else None)
-        token = jax.random.categorical(key, filtered, axis=-1)
+        # Gumbel-max with the noise drawn vocabulary-major: a draw is prefix-stable along its
+        # leading axis, so every real token gets the same noise whatever padding the vocabulary
+        # has (a multiple of the tensor axis), and one key samples the same tokens on any mesh.
+        noise = jax.random.gumbel(key, filtered.shape[::-1], filtered.dtype).T
+        token = jnp.argmax(filtered + noise, axis=-1)
         sample_logp = jnp.take_along_axis(jax.nn.log_softmax(filtered, axis=-1),
                                           token[:, None], axis=-1)[:, 0]
     token_logp = jnp.take_along_axis(raw_logp, token[:, None], axis=-1)[:, 0]

@@ -9,6 +9,7 @@ from typing import Any
 
 import jax
 import ml_collections
+from etils import epath
 import numpy as np
 import optax
 from flax import nnx
@@ -176,9 +177,11 @@ class CoevolveTask:
 
 def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     """Builds the task and runs (or resumes) training in `workdir`."""
-    workdir = Path(workdir).absolute()
-    workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / _CONFIG_FILE).write_text(config.to_json_best_effort(indent=2))
+    # gs:// and other URLs stay URLs (one shared workdir for every host of a pod).
+    workdir = epath.Path(workdir if "://" in str(workdir) else Path(workdir).absolute())
+    if jax.process_index() == 0:  # one writer on the shared workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / _CONFIG_FILE).write_text(config.to_json_best_effort(indent=2))
     task = CoevolveTask(config)
     return run_training(
         task, workdir=str(workdir), rounds=config.rounds, seed=config.seed,

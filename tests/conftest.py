@@ -10,6 +10,9 @@ os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# XLA:CPU sizes its thread pool from NPROC; on 2 cores, a round on a tensor-parallel mesh can
+# run out of threads when two collectives wait on each other (seen with mesh (1, 2, 4)).
+os.environ.setdefault("NPROC", "16")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # `datasets` caches what it reads; keep test runs from filling the user's cache.

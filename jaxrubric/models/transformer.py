@@ -179,7 +179,9 @@ class Decoder(nnx.Module):
         self.final_norm = nnx.Param(jnp.ones((config.hidden_size,), pdtype),
                                     logical_axes=("embed",))
         if not config.tie_word_embeddings:
-            head = init(rngs.params(), (config.hidden_size, vocab), pdtype)
+            # Drawn vocabulary-major like the embedding: a draw is prefix-stable along its
+            # leading axis, so the real tokens' weights do not depend on the padding.
+            head = init(rngs.params(), (vocab, config.hidden_size), pdtype).T
             head = head.at[:, config.vocab_size:].set(0)
             self.lm_head = nnx.Param(head, logical_axes=("embed", "vocab"))
 
