@@ -7,14 +7,18 @@ with both GRPO updates) and reports each stage as the difference of consecutive 
 to its share of the model FLOPs (`jaxrubric.flops.round_flops_by_stage`). Prints a markdown table.
 
     python benchmarks/round_stages.py [--config configs/tiny_dynamic_rubric.py] [--repeats 5]
+    python benchmarks/round_stages.py --config toy_world/runs/coevolve/config.json
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
+from pathlib import Path
 
 import jax
+import ml_collections
 
 from jaxrubric import coevolve, flops, sampling
 from jaxrubric.config import load_config
@@ -71,7 +75,10 @@ def main() -> None:
     parser.add_argument("--config", default="configs/tiny_dynamic_rubric.py")
     parser.add_argument("--repeats", type=int, default=5)
     args, overrides = parser.parse_known_args()
-    config = load_config(args.config, [o.removeprefix("--config.") for o in overrides])
+    if args.config.endswith(".json"):  # a training workdir's config.json, e.g. the toy world's
+        config = ml_collections.ConfigDict(json.loads(Path(args.config).read_text()))
+    else:
+        config = load_config(args.config, [o.removeprefix("--config.") for o in overrides])
     task = CoevolveTask(config)
     state = task.init_state(jax.random.key(0))
     batch, rng = task.batch(0), jax.random.key(1)
