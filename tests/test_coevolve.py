@@ -1,5 +1,7 @@
 """The compiled DynamicRubric round on tiny models under the 8-device mesh."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -65,3 +67,26 @@ def test_round_updates_both_models_and_compiles_once(mesh):
     assert step.jitted._cache_size() == 1
     assert out["outputs"]["responses"].shape == (2, 4, 12)
     assert out["outputs"]["scores"].shape == (2, 4, 2)
+
+
+def test_static_rubrics_and_the_oracle_reward(mesh):
+    """`rubric_source="static"`: the generator's prompt holds the question alone; the policy
+    can be rewarded by a ground-truth function instead of rubric scores."""
+    config = coevolve.RoundConfig(num_responses=2, num_rubrics=2, response_tokens=4,
+                                  rubric_source="static", policy_reward="oracle",
+                                  freeze_generator=True, freeze_policy=True)
+    with pytest.raises(ValueError, match="oracle_reward"):
+        _setup(config, mesh)
+    with pytest.raises(ValueError, match="rubric_source"):
+        coevolve.RoundConfig(rubric_source="both")
+    setup, state, frozen, batch = _setup(coevolve.RoundConfig(
+        num_responses=2, num_rubrics=2, response_tokens=4, rubric_source="static",
+        freeze_generator=True, freeze_policy=True), mesh)
+    assert setup.generator_template.slots == ("prompt",)
+    oracle = lambda tokens, lengths, batch: lengths.astype(jnp.float32)  # noqa: E731
+    setup = dataclasses.replace(setup, config=dataclasses.replace(
+        setup.config, policy_reward="oracle"), oracle_reward=oracle)
+    out = jax.jit(lambda s, f, b, r: coevolve.dynamic_rubric_rollout(setup, s, f, b, r))(
+        state, frozen, batch, jax.random.key(0))
+    np.testing.assert_array_equal(np.asarray(out.policy_reward), np.asarray(out.text_len))
+    assert out.rubrics.tokens.shape[:2] == (batch["prompt"].shape[0], 2)
