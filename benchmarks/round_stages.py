@@ -14,40 +14,30 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import jax
 import ml_collections
 
-from jaxrubric import coevolve, flops, sampling
+from timing import best_time
+
+from jaxrubric import coevolve, flops
 from jaxrubric.config import load_config
-from jaxrubric.rubric import templates as tpl
 from jaxrubric.train import CoevolveTask
 
 
 def prefixes(setup: coevolve.RoundSetup):
-    """The round's growing prefixes, each returning something that depends on all its work."""
-    cfg = setup.config
+    """The round's growing prefixes, each returning something that depends on all its work;
+    they split the rng as `coevolve.dynamic_rubric_rollout` does."""
 
     def responses(state, frozen, batch, rng):
         policy, _, _ = setup.models(state, frozen)
-        return sampling.sample(
-            policy, batch["policy_input"], batch["policy_mask"], batch["policy_len"],
-            jax.random.split(rng)[0], num_samples=cfg.num_responses,
-            max_new_tokens=cfg.response_tokens, temperature=cfg.policy_temperature,
-            top_p=cfg.top_p, stop_token_ids=setup.stop_token_ids)
+        return coevolve.policy_responses(setup, policy, batch, jax.random.split(rng)[0])
 
     def rubrics(state, frozen, batch, rng):
-        out = responses(state, frozen, batch, rng)
+        sampled, text_len = responses(state, frozen, batch, rng)
         _, generator, _ = setup.models(state, frozen)
-        text_len = out.lengths - out.finished.astype("int32")
-        shown = len(setup.generator_template.slots) - 1
-        gen_input = tpl.assemble(
-            setup.generator_template,
-            [batch["prompt"], *(out.tokens[:, k] for k in range(shown))],
-            [batch["prompt_len"], *(text_len[:, k] for k in range(shown))],
-            pad_id=setup.pad_id, align="right")
+        gen_input = coevolve.generator_input(setup, batch, sampled, text_len)
         return coevolve.write_rubrics(setup, generator, gen_input, jax.random.split(rng)[1])
 
     def rollout(state, frozen, batch, rng):
@@ -58,16 +48,6 @@ def prefixes(setup: coevolve.RoundSetup):
 
     return {"policy samples": responses, "generator writes rubrics": rubrics,
             "verification + rewards": rollout, "GRPO updates (both roles)": whole}
-
-
-def best_time(fn, args, repeats: int) -> float:
-    jax.block_until_ready(fn(*args))  # compile
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def main() -> None:

@@ -14,11 +14,12 @@ gives none). Prints a markdown table.
 from __future__ import annotations
 
 import argparse
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from timing import best_time
 
 import jaxrubric
 from jaxrubric.rubric import verifier as V
@@ -59,16 +60,6 @@ def compiled_flops(compiled) -> float | None:
         cost = cost[0] if cost else None
     flops = (cost or {}).get("flops")
     return float(flops) if flops and flops > 0 else None
-
-
-def best_time(fn, args, repeats: int) -> float:
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def run(model, batch: int, responses: int, items: int, repeats: int) -> dict:

@@ -257,6 +257,30 @@ def write_rubrics(setup: RoundSetup, generator: Decoder, gen_input: tpl.Packed,
     return rubrics, grammar_lib.parse_rubric_tokens(rubrics.tokens, setup.grammar, setup.pad_id)
 
 
+def policy_responses(setup: RoundSetup, policy: Decoder, batch: dict, rng: jax.Array
+                     ) -> tuple[sampling.SampleResult, jax.Array]:
+    """K sampled answers per prompt `[B, K, Lr]`, and their lengths without the stop token."""
+    cfg = setup.config
+    responses = sampling.sample(
+        policy, batch["policy_input"], batch["policy_mask"], batch["policy_len"], rng,
+        num_samples=cfg.num_responses, max_new_tokens=cfg.response_tokens,
+        temperature=cfg.policy_temperature, top_p=cfg.top_p,
+        stop_token_ids=setup.stop_token_ids)
+    return responses, responses.lengths - responses.finished.astype(jnp.int32)
+
+
+def generator_input(setup: RoundSetup, batch: dict, responses: sampling.SampleResult,
+                    text_len: jax.Array) -> tpl.Packed:
+    """The generator's left-padded prompts: the question and the responses its template shows
+    (all K for DynamicRubric, none for the static rubric)."""
+    shown = len(setup.generator_template.slots) - 1
+    return tpl.assemble(
+        setup.generator_template,
+        [batch["prompt"], *(responses.tokens[:, k] for k in range(shown))],
+        [batch["prompt_len"], *(text_len[:, k] for k in range(shown))],
+        pad_id=setup.pad_id, align="right")
+
+
 class Rollout(NamedTuple):
     """What one DynamicRubric round produces before any update (also what evaluation reads)."""
 
@@ -280,23 +304,11 @@ def dynamic_rubric_rollout(setup: RoundSetup, state: dict, frozen: dict, batch: 
     cfg = setup.config
     k_policy, k_generator = jax.random.split(rng)
     policy, generator, verifier = setup.models(state, frozen)
-    K = cfg.num_responses
-
     # 1. The policy answers, K times per prompt.
-    responses = sampling.sample(
-        policy, batch["policy_input"], batch["policy_mask"], batch["policy_len"], k_policy,
-        num_samples=K, max_new_tokens=cfg.response_tokens, temperature=cfg.policy_temperature,
-        top_p=cfg.top_p, stop_token_ids=setup.stop_token_ids)
-    text_len = responses.lengths - responses.finished.astype(jnp.int32)  # without the stop
-
+    responses, text_len = policy_responses(setup, policy, batch, k_policy)
     # 2. The generator sees the prompt and the whole response set (or, static, the prompt
     # alone) and writes G rubrics.
-    shown = len(setup.generator_template.slots) - 1
-    gen_input = tpl.assemble(
-        setup.generator_template,
-        [batch["prompt"], *(responses.tokens[:, k] for k in range(shown))],
-        [batch["prompt_len"], *(text_len[:, k] for k in range(shown))],
-        pad_id=setup.pad_id, align="right")
+    gen_input = generator_input(setup, batch, responses, text_len)
     rubrics, parsed = write_rubrics(setup, generator, gen_input, k_generator)
 
     # 3. The verifier judges every response and every anchor answer under every item.
