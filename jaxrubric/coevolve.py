@@ -26,7 +26,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jaxrubric import sampling
+from jaxrubric import microbatch, sampling
 from jaxrubric.models.transformer import Decoder
 from jaxrubric.rewards.dynamic_rubric import dynamic_rubric_rewards
 from jaxrubric.rl import grpo
@@ -58,6 +58,11 @@ class RoundConfig:
     advantage_mode: str = "group_std"
     num_updates: int = 1  # mu
     logprob_chunk: int = 64
+    # Memory: each GRPO update runs its rows through the model in this many micro-batches
+    # (gradients summed, one optimiser step: the same step as the whole batch); each rollout
+    # stage (sampling, verification) its prompts likewise. 1: all rows at once.
+    update_micro_batches: int = 1
+    rollout_micro_batches: int = 1
     # rewards
     anchor_weight: float = 1.0  # lambda
     disc_mode: str = "item_variance"
@@ -77,7 +82,7 @@ class RoundConfig:
 
     def __post_init__(self) -> None:
         for name in ("num_responses", "num_rubrics", "response_tokens", "num_updates",
-                     "logprob_chunk"):
+                     "logprob_chunk", "update_micro_batches", "rollout_micro_batches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"round config: {name} must be >= 1, got {getattr(self, name)}")
         if self.num_responses < 2:
@@ -204,24 +209,38 @@ def completion_logprobs(model: Decoder, prompt: jax.Array, prompt_mask: jax.Arra
 def policy_update(cfg: RoundConfig, graph, optimizer, params, opt_state, ref_params, prompt,
                    prompt_mask, completion, completion_mask, sampler_logp, advantages,
                    beta: float):
-    """One GRPO update (mu optimiser steps) of a role on its own samples."""
-    ref_logp = None
+    """One GRPO update (mu optimiser steps) of a role on its own samples.
+
+    The rows go through the model in `cfg.update_micro_batches` micro-batches, the reference
+    log-probs too; each micro-batch's loss is divided by the whole batch's totals, so the
+    summed gradient is the whole batch's.
+    """
+    n = cfg.update_micro_batches
+    batch = {"prompt": prompt, "prompt_mask": prompt_mask, "completion": completion,
+             "completion_mask": completion_mask, "sampler_logp": sampler_logp,
+             "advantages": advantages}
     if beta > 0:
-        ref_logp = jax.lax.stop_gradient(completion_logprobs(
-            nnx.merge(graph, ref_params), prompt, prompt_mask, completion, cfg.logprob_chunk))
-    old_logp = jax.lax.stop_gradient(sampler_logp)
+        reference = nnx.merge(graph, ref_params)
+        batch["ref_logp"] = jax.lax.stop_gradient(microbatch.map_rows(
+            lambda b: completion_logprobs(reference, b["prompt"], b["prompt_mask"],
+                                          b["completion"], cfg.logprob_chunk), batch, n))
+    totals = None if n == 1 else grpo.batch_totals(completion_mask, cfg.aggregation,
+                                                   max_len=completion.shape[1])
 
-    def loss_fn(p, batch):
-        logp, entropy = completion_logprobs(nnx.merge(graph, p), prompt, prompt_mask,
-                                            completion, cfg.logprob_chunk, return_entropy=True)
+    def loss_fn(p, b):
+        logp, entropy = completion_logprobs(nnx.merge(graph, p), b["prompt"], b["prompt_mask"],
+                                            b["completion"], cfg.logprob_chunk,
+                                            return_entropy=True)
         return grpo.grpo_loss(
-            logp, old_logp, advantages, completion_mask, ref_logp=ref_logp, beta=beta,
+            logp, jax.lax.stop_gradient(b["sampler_logp"]), b["advantages"],
+            b["completion_mask"], ref_logp=b.get("ref_logp"), beta=beta,
             kl_estimator=cfg.kl_estimator, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
-            aggregation=cfg.aggregation, max_len=completion.shape[1], sampler_logp=sampler_logp,
-            entropy=jax.lax.stop_gradient(entropy))
+            aggregation=cfg.aggregation, max_len=completion.shape[1],
+            sampler_logp=b["sampler_logp"], entropy=jax.lax.stop_gradient(entropy),
+            totals=totals)
 
-    return grpo.grpo_update(params, opt_state, None, loss_fn, optimizer,
-                            num_updates=cfg.num_updates)
+    return grpo.grpo_update(params, opt_state, batch, loss_fn, optimizer,
+                            num_updates=cfg.num_updates, micro_batches=n)
 
 
 def last_update_metrics(metrics: dict[str, jax.Array]) -> dict[str, jax.Array]:
@@ -253,7 +272,8 @@ def write_rubrics(setup: RoundSetup, generator: Decoder, gen_input: tpl.Packed,
     rubrics = sampling.sample(
         generator, gen_input.tokens, gen_input.mask, gen_input.lengths, rng,
         num_samples=setup.config.num_rubrics, max_new_tokens=setup.grammar.max_rubric_tokens,
-        temperature=setup.config.generator_temperature, grammar=setup.grammar)
+        temperature=setup.config.generator_temperature, grammar=setup.grammar,
+        micro_batches=setup.config.rollout_micro_batches)
     return rubrics, grammar_lib.parse_rubric_tokens(rubrics.tokens, setup.grammar, setup.pad_id)
 
 
@@ -265,7 +285,7 @@ def policy_responses(setup: RoundSetup, policy: Decoder, batch: dict, rng: jax.A
         policy, batch["policy_input"], batch["policy_mask"], batch["policy_len"], rng,
         num_samples=cfg.num_responses, max_new_tokens=cfg.response_tokens,
         temperature=cfg.policy_temperature, top_p=cfg.top_p,
-        stop_token_ids=setup.stop_token_ids)
+        stop_token_ids=setup.stop_token_ids, micro_batches=cfg.rollout_micro_batches)
     return responses, responses.lengths - responses.finished.astype(jnp.int32)
 
 
@@ -316,7 +336,8 @@ def dynamic_rubric_rollout(setup: RoundSetup, state: dict, frozen: dict, batch: 
         prefix = ver.verifier_prefix(setup.verifier_template, batch["prompt"],
                                      batch["prompt_len"], answers, lengths, pad_id=setup.pad_id)
         out = ver.verify(verifier, setup.readout, prefix.tokens, prefix.lengths, parsed.items,
-                         parsed.item_lengths, parsed.valid, pad_id=setup.pad_id)
+                         parsed.item_lengths, parsed.valid, pad_id=setup.pad_id,
+                         micro_batches=cfg.rollout_micro_batches)
         return out.p_yes if cfg.soft_verdicts else out.verdicts.astype(jnp.float32)
 
     verdicts = judge(responses.tokens, text_len)  # [B, K, G, M]

@@ -31,10 +31,11 @@ def base_config() -> ml_collections.ConfigDict:
     c.mesh = ml_collections.ConfigDict({"data": 1, "fsdp": -1, "tensor": 1})
     c.tokenizer = ""  # a folder or hub id; empty: the policy checkpoint's tokenizer
     c.chat_template_kwargs = ml_collections.ConfigDict({})
+    # attention_chunk > 0: attention over blocks of that many queries (ModelConfig).
     for role in ("policy", "generator", "verifier"):
         c[role] = ml_collections.ConfigDict(
             {"path": "", "seed": 0, "dtype": "float32", "param_dtype": "float32",
-             "remat": "none"})
+             "remat": "none", "attention_chunk": 0})
     # data.eval: held-out prompts with anchor lists for the evaluator's Δgap (and, with an
     # oracle, the policy's ground-truth quality), evaluated every `eval_every` rounds on its
     # first `eval_batch_size` rows (0: data.batch_size).
@@ -69,6 +70,12 @@ def paper_recipe(checkpoint: str, chat_template_kwargs: dict | None = None,
 
     GenRubric uses the same optimiser settings; it writes G = 4 signed groups per query (each
     inducing one response, judged by the other three) and ignores the anchor answers.
+
+    Memory (sized with `jaxrubric plan` for v5p-8, fsdp=4 at 95 GiB, and 8xH100, fsdp=8 at
+    80 GiB): attention over blocks of 128 queries, rollouts and verification over 8
+    micro-batches of prompts (one or two prompts per chip at a time), and updates over 64
+    micro-batches for DynamicRubric (one generator row, all 8 responses and ~10k tokens, per
+    v5p chip at a time) or 32 for GenRubric (two of its shorter rows).
     """
     config = base_config()
     config.method = method
@@ -82,6 +89,8 @@ def paper_recipe(checkpoint: str, chat_template_kwargs: dict | None = None,
     for role in ("policy", "generator"):  # trained: fp32 master weights, recomputed layers
         config[role].param_dtype = "float32"
         config[role].remat = "full"
+    for role in ("policy", "generator", "verifier"):
+        config[role].attention_chunk = 128
     config.verifier.param_dtype = "bfloat16"  # frozen
     config.data.train = "berkeley-nest/Nectar"
     config.data.batch_size = 64
@@ -98,6 +107,8 @@ def paper_recipe(checkpoint: str, chat_template_kwargs: dict | None = None,
     config.round.generator_beta = 0.01
     config.round.anchor_weight = 1.0
     config.round.logprob_chunk = 256
+    config.round.rollout_micro_batches = 8
+    config.round.update_micro_batches = 32 if method == "genrubric" else 64
     config.optim.policy_lr = 1e-6
     config.optim.generator_lr = 5e-6
     config.checkpoint_every = 25
@@ -196,7 +207,32 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     if config.rubric.template_style not in STYLES:
         raise ConfigFileError(f"config.rubric.template_style {config.rubric.template_style!r} "
                               f"is not one of {STYLES}")
+    for role in ("policy", "generator", "verifier"):
+        if config[role].attention_chunk < 0:
+            raise ConfigFileError(f"config.{role}.attention_chunk must be >= 0 (0: off), got "
+                                  f"{config[role].attention_chunk}")
     try:
         round_config(config)
     except (TypeError, ValueError) as err:
         raise ConfigFileError(f"config.round: {err}") from err
+    check_micro_batches(config)
+
+
+def check_micro_batches(config: ml_collections.ConfigDict) -> None:
+    """Micro-batches split rows into equal static shapes: each count must divide the rows it
+    splits (the updates' sampled rows; the prompts of the training and held-out batches)."""
+    d, rc = config.data, config.round
+    per_prompt = "num_rubrics" if config.method == "genrubric" else "num_responses"
+    checks = [
+        ("update_micro_batches", d.batch_size * rc[per_prompt],
+         f"the policy update's rows (data.batch_size x round.{per_prompt})"),
+        ("update_micro_batches", d.batch_size * rc.num_rubrics,
+         "the generator update's rows (data.batch_size x round.num_rubrics)"),
+        ("rollout_micro_batches", d.batch_size, "the prompts (data.batch_size)"),
+    ]
+    if d.eval and config.method == "dynamic_rubric":
+        checks.append(("rollout_micro_batches", d.eval_batch_size or d.batch_size,
+                       "the held-out prompts (data.eval_batch_size)"))
+    for key, rows, what in checks:
+        if rows % rc[key]:
+            raise ConfigFileError(f"config.round.{key}={rc[key]} must divide {what}, {rows}")

@@ -178,7 +178,7 @@ def genrubric_round(setup: GenRubricSetup, state: dict, frozen: dict, batch: dic
     sampled = sampling.sample(
         policy, induced_tokens, induced_mask, induced.lengths.reshape(rows), k_policy,
         num_samples=1, max_new_tokens=N, temperature=cfg.policy_temperature, top_p=cfg.top_p,
-        stop_token_ids=setup.stop_token_ids)
+        stop_token_ids=setup.stop_token_ids, micro_batches=cfg.rollout_micro_batches)
     responses = jax.tree.map(lambda x: x.reshape(batch_size, G, *x.shape[2:]), sampled)
     text_len = responses.lengths - responses.finished.astype(jnp.int32)  # without the stop
 
@@ -186,7 +186,8 @@ def genrubric_round(setup: GenRubricSetup, state: dict, frozen: dict, batch: dic
     prefix = ver.verifier_prefix(setup.verifier_template, batch["prompt"], batch["prompt_len"],
                                  responses.tokens, text_len, pad_id=setup.pad_id)
     judged = ver.verify(verifier, setup.readout, prefix.tokens, prefix.lengths, parsed.items,
-                        parsed.item_lengths, item_valid, pad_id=setup.pad_id)
+                        parsed.item_lengths, item_valid, pad_id=setup.pad_id,
+                        micro_batches=cfg.rollout_micro_batches)
     verdicts = judged.p_yes if cfg.soft_verdicts else judged.verdicts.astype(jnp.float32)
 
     # 5. Rewards and token-level credit for the generator, cross-rubric rewards for the policy.

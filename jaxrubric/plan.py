@@ -20,34 +20,44 @@ Memory is counted in two kinds:
 
 Per-device sizes assume the round is partitioned as the sharding rules intend: batch rows
 split over `data` x `fsdp`, attention heads, kv heads, MLP and vocabulary split over `tensor`
-where the size divides. The transient formulas (bytes per device; `r` rows per device, `T`
-query and `S` key positions, `D` hidden, `h` / `kv` local heads, `hd` head dim, `f` local MLP
-width, `V` local padded vocabulary, `c` bytes of the compute dtype, `L` layers):
+where the size divides. A stage split into micro-batches (`round.rollout_micro_batches` for
+sampling and verification, `round.update_micro_batches` for the updates) holds one
+micro-batch's rows at a time, so `r` below is the rows of one micro-batch per device. The
+transient formulas (bytes per device; `r` rows per device, `T` query and `S` key positions,
+`D` hidden, `h` / `kv` local heads, `hd` head dim, `f` local MLP width, `V` local padded
+vocabulary, `c` bytes of the compute dtype, `L` layers, `Q` the model's `attention_chunk`):
 
 - hidden states `act(T) = r T D c`; tree or causal mask `r T S` bytes (bool);
 - attention of one layer `r h T S (4 + c)`: the einsum attention materialises float32 scores
-  and compute-dtype probabilities (no flash attention), so this term grows as `T S`;
+  and compute-dtype probabilities, so this term grows as `T S`; with `0 < Q < T` it is one
+  block's `r h Q S (4 + c)` plus the queries and outputs cut into blocks (`2 r T' h hd c`,
+  T rounded up to a multiple of Q) and float32 keys and values `2 r S kv hd 4`;
 - projections `r (T h + 2 S kv) hd c`; MLP `3 r T f c` (gate, up, their product);
 - one layer's forward working set `W(T, S) = 2 act(T) + max(projections + attention, MLP)`;
 - a rollout (`sampling.sample`: prefill the prompts into a cache of P + N slots, copy it for
   each of the samples, decode N tokens): KV cache `rows (P + N) L 2 kv hd c`; its peak is the
   prompts' cache + the larger of the prefill (`W(P, P + N)` + mask) and the copied cache
-  with the decode step's logits;
+  with the decode step's logits; a micro-batched rollout also draws the whole batch's
+  sampling noise each step (`4 V rows`, counted unsharded);
 - a verifier pass over tree rows of length `Lt` (`rubric/verifier.py`): the tree mask +
   `W(Lt, Lt)` + float32 logits at the `G M` answer positions;
-- an update on sequences of T tokens: gradients (the role's parameter shards) + the layers'
-  saved activations + `2 W(T, T)` for the backward pass of one layer + the log-prob chunk
-  `3 r C V 4` (float32 logits, their exponentials and their cotangent; `C` = logprob_chunk)
-  + one layer's weights gathered over `fsdp` in the compute dtype. Saved activations with
-  remat `full`: `L act(T)` (each layer's input); with any other policy:
-  `L (2 act(T) + projections + attention + MLP)` (every residual: an upper bound for the
-  `dots_*` policies, which recompute the cheap element-wise ops).
+- an update on sequences of T tokens: gradients (the role's parameter shards), and with
+  micro-batches their running sum of the same size, + the layers' saved activations +
+  `2 W(T, T)` for the backward pass of one layer + the log-prob chunk `3 r C V 4` (float32
+  logits, their exponentials and their cotangent; `C` = logprob_chunk) + one layer's weights
+  gathered over `fsdp` in the compute dtype. Saved activations with remat `full`: `L act(T)`
+  (each layer's input); with any other policy: `L (2 act(T) + projections + attention + MLP)`
+  (every residual: an upper bound for the `dots_*` policies, which recompute the cheap
+  element-wise ops), where chunked attention keeps only its blocks' copies (each block's
+  probabilities are recomputed).
 
 Checked against XLA (`tests/test_plan.py`, tiny config, CPU): arguments agree to the byte;
-temporaries within 0.9-1.25x where XLA partitions as the rules intend (data-parallel mesh).
-On an `fsdp` mesh XLA may keep some activations whole over the batch (the model code puts no
-sharding constraints on activations), and then needs more than the plan says: twice as much
-on the tiny config with fsdp=8.
+temporaries within 0.9-1.25x where XLA partitions as the rules intend (data-parallel mesh),
+0.88x with the 8B recipes' memory settings (chunked attention, micro-batched rollouts and
+updates, remat full; XLA:CPU allocates the gradient sum's zeros early). On an `fsdp` mesh
+XLA may keep some activations whole over the batch (the model code puts no sharding
+constraints on activations), and then needs more than the plan says: twice as much on the
+tiny config with fsdp=8.
 
 Where the tokenizer cannot be read offline (a hub id not in the local cache) the prompt
 templates' constant lengths are estimated from their text (`CHARS_PER_TOKEN`) and the plan
@@ -211,7 +221,7 @@ def role_model_config(role: ml_collections.ConfigDict, tokenizer: Any, mesh: Abs
     """The `ModelConfig` the trainer builds for a role (see `train._role_model`), and its
     source; an empty path is the tiny random Qwen3 over the tokenizer's vocabulary."""
     common = dict(dtype=role.dtype, param_dtype=role.param_dtype, remat=role.remat,
-                  vocab_multiple=shd.vocab_multiple(mesh))
+                  attention_chunk=role.attention_chunk, vocab_multiple=shd.vocab_multiple(mesh))
     if role.path:
         hf, source = _hf_config(role.path)
         return ModelConfig.from_hf_dict(hf, source=source, **common), source
@@ -397,6 +407,7 @@ class Local:
     vocab: int
     c: int  # bytes of the compute dtype
     gathered_layer: int  # one layer's weights gathered over fsdp, compute dtype
+    chunk: int  # the model's attention_chunk (0: dense attention)
 
     @classmethod
     def of(cls, params: RoleParams, tensor: int) -> "Local":
@@ -405,13 +416,35 @@ class Local:
         c = jnp.dtype(m.dtype).itemsize
         return cls(m.num_layers, m.hidden_size, split(m.num_heads), split(m.num_kv_heads),
                    m.head_dim, split(m.intermediate_size), split(m.padded_vocab_size), c,
-                   params.layer_count // tensor * c)
+                   params.layer_count // tensor * c, m.attention_chunk)
 
     def act(self, r: int, t: int) -> int:
         return r * t * self.hidden * self.c
 
+    def chunked(self, t: int) -> bool:
+        """Whether `t` queries go through `transformer.chunked_attention`."""
+        return 0 < self.chunk < t
+
+    def blocks(self, r: int, t: int, s: int) -> int:
+        """Chunked attention's copies besides the scores: the queries and the outputs cut
+        into whole blocks, and float32 keys and values."""
+        padded = -(-t // self.chunk) * self.chunk
+        return (2 * r * padded * self.heads * self.head_dim * self.c
+                + 2 * r * s * self.kv_heads * self.head_dim * 4)
+
     def attention(self, r: int, t: int, s: int) -> int:
-        return r * self.heads * t * s * (4 + self.c)
+        """One layer's attention temporaries: scores and probabilities of all queries, or of
+        one block of them with the blocks' copies."""
+        if not self.chunked(t):
+            return r * self.heads * t * s * (4 + self.c)
+        return r * self.heads * self.chunk * s * (4 + self.c) + self.blocks(r, t, s)
+
+    def attention_saved(self, r: int, t: int, s: int) -> int:
+        """What the backward pass keeps of one layer's attention without remat: the
+        probabilities, or (chunked: each block's are recomputed) the blocks' copies."""
+        if not self.chunked(t):
+            return self.attention(r, t, s)
+        return self.blocks(r, t, s)
 
     def projections(self, r: int, t: int, s: int) -> int:
         return r * (t * self.heads + 2 * s * self.kv_heads) * self.head_dim * self.c
@@ -428,7 +461,7 @@ class Local:
         """Activations the layers keep for the backward pass."""
         if remat == "full":
             return self.layers * self.act(r, t)
-        every = (2 * self.act(r, t) + self.projections(r, t, t) + self.attention(r, t, t)
+        every = (2 * self.act(r, t) + self.projections(r, t, t) + self.attention_saved(r, t, t)
                  + self.mlp_bytes(r, t))
         return self.layers * every
 
@@ -457,52 +490,71 @@ def summed(items: list[tuple[str, int]]) -> Phase:
     return Phase(items, sum(b for _, b in items))
 
 
-def rollout_phase(loc: Local, prompt_rows: int, samples: int, prompt: int, new: int, ways: int
-                  ) -> Phase:
+def _rows_text(rows: int, micro_batches: int, unit: str = "rows") -> str:
+    """`512 rows`, or `64 of 512 rows` when a micro-batch holds part of them."""
+    return (f"{rows} {unit}" if micro_batches == 1
+            else f"{rows // micro_batches} of {rows} {unit}")
+
+
+def rollout_phase(loc: Local, prompt_rows: int, samples: int, prompt: int, new: int, ways: int,
+                  micro_batches: int = 1) -> Phase:
     """`sampling.sample` inside the round: the prompts are prefilled into a cache of
     `prompt + new` slots, the cache is copied for each sample, then tokens are decoded one
     at a time. The prefill's layer working set is gone before the copy, so the peak is the
     prompts' cache plus the larger of the two (one sample: no copy, the cache is decoded
-    in place)."""
-    rp = _rows(prompt_rows, ways)
-    r = _rows(prompt_rows * samples, ways)
+    in place). Micro-batches do this for a share of the prompts at a time."""
+    micro_prompts = prompt_rows // micro_batches
+    rp = _rows(micro_prompts, ways)
+    r = _rows(micro_prompts * samples, ways)
     length = prompt + new
     cache = loc.kv_cache(r, length)
     step = 4 * r * (3 * loc.vocab + 3 * new)  # logits and log-softmaxes; tokens, log-probs
+    step_label = "decode step: logits, sampled tokens and log-probs"
+    if micro_batches > 1:
+        step += 4 * prompt_rows * samples * loc.vocab
+        step_label += ", the whole batch's noise"
     prefill = loc.working_set(rp, prompt, length) + loc.mask(rp, prompt, length)
-    items = [(f"KV cache: {prompt_rows * samples} rows x {length} tokens", cache),
-             ("decode step: logits, sampled tokens and log-probs", step),
-             (f"prefill: one layer over {prompt_rows} x {prompt} tokens", prefill)]
+    items = [(f"KV cache: {_rows_text(prompt_rows * samples, micro_batches)} x {length} tokens",
+              cache),
+             (step_label, step),
+             (f"prefill: one layer over {_rows_text(prompt_rows, micro_batches, 'prompts')} "
+              f"x {prompt} tokens", prefill)]
     if samples == 1:
         return Phase(items, cache + max(prefill, step), "the cache + the larger of the prefill "
                                                         "and the decode step")
     prompt_cache = loc.kv_cache(rp, length)
-    items.insert(2, (f"KV cache of the {prompt_rows} prompts before the {samples}x copy",
-                     prompt_cache))
+    items.insert(2, (f"KV cache of the {_rows_text(prompt_rows, micro_batches, 'prompts')} "
+                     f"before the {samples}x copy", prompt_cache))
     return Phase(items, prompt_cache + max(prefill, cache + step),
                  "the prompts' cache + the larger of the prefill and the decode")
 
 
-def update_phase(loc: Local, params: RoleParams, rows: int, length: int, chunk: int, ways: int
-                 ) -> Phase:
-    """A GRPO update of one role on `rows` sequences of `length` tokens."""
-    r = _rows(rows, ways)
+def update_phase(loc: Local, params: RoleParams, rows: int, length: int, chunk: int, ways: int,
+                 micro_batches: int = 1) -> Phase:
+    """A GRPO update of one role on `rows` sequences of `length` tokens, one micro-batch of
+    them at a time (their gradients summed into a second gradient-sized buffer)."""
+    r = _rows(rows // micro_batches, ways)
     remat = params.config.remat
-    return summed([
-        (f"gradients ({params.config.param_dtype})", params.bytes),
-        (f"saved activations (remat {remat}): {rows} rows x {length} tokens",
-         loc.saved(r, length, remat) + loc.mask(r, length, length)),
+    items = [(f"gradients ({params.config.param_dtype})", params.bytes)]
+    if micro_batches > 1:
+        items.append((f"their sum over {micro_batches} micro-batches", params.bytes))
+    return summed(items + [
+        (f"saved activations (remat {remat}): {_rows_text(rows, micro_batches)} x {length} "
+         "tokens", loc.saved(r, length, remat) + loc.mask(r, length, length)),
         ("backward of one layer", 2 * loc.working_set(r, length, length)),
         (f"log-prob chunk: {chunk} tokens x {loc.vocab} vocabulary", 3 * r * chunk * loc.vocab * 4),
         ("one layer's weights gathered", loc.gathered_layer),
     ])
 
 
-def verifier_phase(loc: Local, rows: int, length: int, answers: int, ways: int) -> Phase:
-    """One tree forward per (prompt, answer): every item a branch of the shared prefix."""
-    r = _rows(rows, ways)
+def verifier_phase(loc: Local, rows: int, length: int, answers: int, ways: int,
+                   micro_batches: int = 1) -> Phase:
+    """One tree forward per (prompt, answer): every item a branch of the shared prefix; the
+    rows of one micro-batch of prompts at a time."""
+    r = _rows(rows // micro_batches, ways)
     return summed([
-        (f"tree mask: {rows} rows x {length}^2", loc.mask(r, length, length)),
+        (f"tree mask: {_rows_text(rows, micro_batches)} x {length}^2",
+         loc.mask(r, length, length)),
         (f"one layer's forward over {length} tokens", loc.working_set(r, length, length)
          + loc.gathered_layer),
         (f"answer logits: {answers} items per row", r * answers * loc.vocab * 4),
@@ -539,28 +591,46 @@ def round_phases(config: ml_collections.ConfigDict, shapes: Shapes, loc: dict[st
                  params: dict[str, RoleParams], ways: int) -> dict[str, Phase]:
     """The round's stages in their order (`dynamic_rubric_round` / `genrubric_round`)."""
     d, rc = config.data, round_config(config)
+    m = rc.rollout_micro_batches
     generator = rollout_phase(loc["generator"], d.batch_size, rc.num_rubrics,
-                              shapes.generator_prompt, shapes.rubric, ways)
+                              shapes.generator_prompt, shapes.rubric, ways, m)
     if config.method == "genrubric":
         phases = {"generator rollout": generator,
                   "policy rollout (induced responses)": rollout_phase(
                       loc["policy"], shapes.policy_rows, 1, shapes.policy_prompt,
-                      rc.response_tokens, ways)}
+                      rc.response_tokens, ways, m)}
     else:
         phases = {"policy rollout": rollout_phase(
                       loc["policy"], d.batch_size, rc.num_responses, shapes.policy_prompt,
-                      rc.response_tokens, ways),
+                      rc.response_tokens, ways, m),
                   "generator rollout": generator}
     for name, (rows, length) in shapes.verifier.items():
         phases[f"verifier: {name}"] = verifier_phase(
-            loc["verifier"], rows, length, rc.num_rubrics * config.rubric.max_items, ways)
+            loc["verifier"], rows, length, rc.num_rubrics * config.rubric.max_items, ways, m)
     updates = {"generator": (shapes.generator_rows, shapes.generator_prompt + shapes.rubric),
                "policy": (shapes.policy_rows, shapes.policy_prompt + rc.response_tokens)}
     for role, (rows, length) in updates.items():  # the generator is updated first
         if not getattr(rc, f"freeze_{role}"):
             phases[f"{role} update"] = update_phase(loc[role], params[role], rows, length,
-                                                    rc.logprob_chunk, ways)
+                                                    rc.logprob_chunk, ways,
+                                                    rc.update_micro_batches)
     return phases
+
+
+def uneven_micro_batches(config: ml_collections.ConfigDict, shapes: Shapes, ways: int
+                         ) -> list[str]:
+    """Notes for micro-batches whose rows do not split evenly over the chips holding the
+    batch: the plan counts the rows of the busiest chip, and the others repeat or idle."""
+    rc = round_config(config)
+    stages = {"rollout": (config.data.batch_size, "prompts", rc.rollout_micro_batches),
+              "generator update": (shapes.generator_rows, "rows", rc.update_micro_batches),
+              "policy update": (shapes.policy_rows, "rows", rc.update_micro_batches)}
+    notes = []
+    for stage, (rows, unit, n) in stages.items():
+        if (rows // n) % ways:
+            notes.append(f"{stage} micro-batches of {rows // n} {unit} do not split evenly over "
+                         f"the {ways} chips holding the batch (fewer micro-batches would)")
+    return notes
 
 
 def plan_memory(config: ml_collections.ConfigDict, device_memory: int, *, headroom: float = 0.1,
@@ -570,7 +640,8 @@ def plan_memory(config: ml_collections.ConfigDict, device_memory: int, *, headro
 
     Returns `state` (a list of `(label, bytes)`), `phases` (name -> `Phase`), their totals,
     the peak `total` (state + largest phase), the `usable` memory after `headroom`, `fits`,
-    the models, the round's lengths and the notes a reader needs (estimated templates).
+    the models, the round's lengths and the notes a reader needs (estimated templates,
+    micro-batches that do not split over the chips).
     """
     if not 0 <= headroom < 1:
         raise PlanError(f"--headroom must be in [0, 1), got {headroom}")
@@ -592,6 +663,7 @@ def plan_memory(config: ml_collections.ConfigDict, device_memory: int, *, headro
     loc = {role: Local.of(params[role], mesh_shape["tensor"]) for role in ROLES}
     state = state_items(config, params, ways)
     phases = round_phases(config, shapes, loc, params, ways)
+    notes += uneven_micro_batches(config, shapes, ways)
     state_total = sum(b for _, b in state)
     phase_totals = {name: phase.total for name, phase in phases.items()}
     peak_phase = max(phase_totals, key=phase_totals.get)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +23,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
+from jaxrubric import microbatch
 from jaxrubric import sharding as shd
 from jaxrubric.models.transformer import MASKED_LOGIT, Decoder, KVCache
 from jaxrubric.rubric import grammar as grammar_lib
@@ -81,7 +82,17 @@ def filter_logits(logits: jax.Array, temperature: jax.Array, top_k: int | None,
     return logits
 
 
-def _sample_step(logits, key, temperature, top_p, params: SamplingParams, grammar, g_state):
+class NoiseRows(NamedTuple):
+    """The rows `ids [rows]` of a batch of `total` rows that a micro-batch samples: each row
+    draws the noise it would draw in the whole batch, so micro-batching leaves samples as
+    they are."""
+
+    ids: jax.Array
+    total: int
+
+
+def _sample_step(logits, key, temperature, top_p, params: SamplingParams, grammar, g_state,
+                 noise_rows: NoiseRows | None = None):
     """One token per row: (token, untempered log-prob, sampling log-prob)."""
     raw_logp = jax.nn.log_softmax(logits, axis=-1)
     if params.constrained:
@@ -95,7 +106,11 @@ def _sample_step(logits, key, temperature, top_p, params: SamplingParams, gramma
         # Gumbel-max with the noise drawn vocabulary-major: a draw is prefix-stable along its
         # leading axis, so every real token gets the same noise whatever padding the vocabulary
         # has (a multiple of the tensor axis), and one key samples the same tokens on any mesh.
-        noise = jax.random.gumbel(key, filtered.shape[::-1], filtered.dtype).T
+        # A micro-batch draws the whole batch's noise and takes its rows' share.
+        width = filtered.shape[0] if noise_rows is None else noise_rows.total
+        noise = jax.random.gumbel(key, (filtered.shape[1], width), filtered.dtype).T
+        if noise_rows is not None:
+            noise = noise[noise_rows.ids]
         token = jnp.argmax(filtered + noise, axis=-1)
         sample_logp = jnp.take_along_axis(jax.nn.log_softmax(filtered, axis=-1),
                                           token[:, None], axis=-1)[:, 0]
@@ -117,9 +132,11 @@ def prefill(model: Decoder, tokens: jax.Array, mask: jax.Array, *, cache_len: in
 def decode(model: Decoder, cache: KVCache, logits: jax.Array, positions: jax.Array,
            rng: jax.Array, temperature: jax.Array, top_p: jax.Array, stop_ids: jax.Array,
            max_new_tokens: jax.Array, grammar: Any, *, params: SamplingParams,
-           num_samples: int, max_len: int) -> tuple[SampleResult, KVCache]:
+           num_samples: int, max_len: int, noise_rows: NoiseRows | None = None
+           ) -> tuple[SampleResult, KVCache]:
     """Decodes up to `max_new_tokens` (<= max_len) tokens for every row from the prefilled
-    cache; `positions [rows]` is each row's prompt length. Traceable."""
+    cache; `positions [rows]` is each row's prompt length; `noise_rows` when these rows are a
+    micro-batch of a larger batch. Traceable."""
     model = model.unstacked()
     rows = logits.shape[0]
     pad = jnp.int32(0)
@@ -140,7 +157,7 @@ def decode(model: Decoder, cache: KVCache, logits: jax.Array, positions: jax.Arr
         step = c["step"]
         key = jax.random.fold_in(rng, step)
         token, logp, sample_logp = _sample_step(c["logits"], key, temperature, top_p, params,
-                                                grammar, c["g_state"])
+                                                grammar, c["g_state"], noise_rows)
         live = ~c["done"]
         token = jnp.where(live, token, pad)
         hit_stop = live & jnp.any(token[:, None] == stop_ids[None, :], axis=-1)
@@ -199,19 +216,35 @@ def sampling_params(*, temperature: float, top_k: int | None, top_p: float | Non
 def sample(model: Decoder, tokens: jax.Array, mask: jax.Array, lengths: jax.Array,
            rng: jax.Array, *, num_samples: int, max_new_tokens: int, temperature: float = 1.0,
            top_k: int | None = None, top_p: float | None = None,
-           stop_token_ids: Sequence[int] = (), grammar: Any = None) -> SampleResult:
+           stop_token_ids: Sequence[int] = (), grammar: Any = None, micro_batches: int = 1
+           ) -> SampleResult:
     """`generate` for use inside a jitted program: left-padded `tokens [B, P]`, `mask`, prompt
-    `lengths [B]`; output length `max_new_tokens` exactly (static)."""
-    cache, logits = prefill(model, tokens, mask, cache_len=tokens.shape[1] + max_new_tokens,
-                            num_samples=num_samples)
+    `lengths [B]`; output length `max_new_tokens` exactly (static).
+
+    With `micro_batches = n > 1` the prompts are prefilled and decoded n micro-batches at a
+    time (`microbatch.map_rows`), so the KV cache holds `B K / n` rows; every row draws the
+    noise it draws in one batch, so the samples are the same.
+    """
     params = sampling_params(temperature=temperature, top_k=top_k, top_p=top_p,
                              num_stop=len(stop_token_ids), constrained=grammar is not None)
-    result, _ = decode(
-        model, cache, logits, jnp.repeat(lengths, num_samples), rng,
-        jnp.float32(max(temperature, 1e-6)), jnp.float32(1.0 if top_p is None else top_p),
-        jnp.asarray(tuple(stop_token_ids) or (-1,), jnp.int32), jnp.int32(max_new_tokens),
-        grammar, params=params, num_samples=num_samples, max_len=max_new_tokens)
-    return result
+    total = tokens.shape[0] * num_samples
+
+    def run(prompts: tuple[jax.Array, ...]) -> SampleResult:
+        tokens, mask, lengths, prompt_ids = prompts
+        cache, logits = prefill(model, tokens, mask, cache_len=tokens.shape[1] + max_new_tokens,
+                                num_samples=num_samples)
+        noise_rows = None if micro_batches == 1 else NoiseRows(
+            (prompt_ids[:, None] * num_samples + jnp.arange(num_samples)).reshape(-1), total)
+        result, _ = decode(
+            model, cache, logits, jnp.repeat(lengths, num_samples), rng,
+            jnp.float32(max(temperature, 1e-6)), jnp.float32(1.0 if top_p is None else top_p),
+            jnp.asarray(tuple(stop_token_ids) or (-1,), jnp.int32), jnp.int32(max_new_tokens),
+            grammar, params=params, num_samples=num_samples, max_len=max_new_tokens,
+            noise_rows=noise_rows)
+        return result
+
+    return microbatch.map_rows(run, (tokens, mask, lengths, jnp.arange(tokens.shape[0])),
+                               micro_batches)
 
 
 def left_pad(prompts: Sequence[Sequence[int]], length: int, pad_id: int = 0

@@ -40,11 +40,13 @@ def _role_model(role: ml_collections.ConfigDict, vocab_size: int, tokenizer: Any
     """An HF checkpoint from `role.path`, or (empty path) a tiny random Qwen3 over the vocab."""
     if role.path:
         return jaxrubric.load_pretrained(role.path, dtype=role.dtype, param_dtype=role.param_dtype,
-                                         mesh=mesh, remat=role.remat)
+                                         mesh=mesh, remat=role.remat,
+                                         attention_chunk=role.attention_chunk)
     cfg = jaxrubric.tiny_config(
         "qwen3", vocab_size=vocab_size, eos_token_ids=(tokenizer.eos_token_id,),
         pad_token_id=tokenizer.pad_token_id, dtype=role.dtype, param_dtype=role.param_dtype,
-        remat=role.remat, vocab_multiple=shd.vocab_multiple(mesh))
+        remat=role.remat, attention_chunk=role.attention_chunk,
+        vocab_multiple=shd.vocab_multiple(mesh))
     return shd.shard_model(jaxrubric.init_model(cfg, seed=role.seed), mesh)
 
 

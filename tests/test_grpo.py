@@ -166,15 +166,23 @@ def test_metrics_match_numpy():
 
 @pytest.mark.parametrize("agg", AGGREGATIONS)
 def test_micro_batching_is_exact(agg):
+    """With the full batch's totals, micro-batch losses and metrics are shares that add up."""
     logp, old, ref, adv, mask = make_batch(5)
-    kw = dict(ref_logp=ref, aggregation=agg)
+    truncated = np.array([False, True, False, True])
+    kw = dict(ref_logp=ref, aggregation=agg, beta=0.05, dual_clip=1.5, truncated=truncated,
+              entropy=-logp, sampler_logp=old)
     full, m = grpo_loss(logp, old, adv, mask, **kw)
-    parts = [grpo_loss(logp[s], old[s], adv[s], mask[s], ref_logp=ref[s], aggregation=agg,
-                       loss_denominator=m["loss_denom"]) for s in (slice(0, 2), slice(2, 4))]
-    total = sum(p[1]["loss_sum"] for p in parts) / sum(p[1]["loss_denom"] for p in parts)
-    np.testing.assert_allclose(total, full, rtol=1e-6)
-    # With the global denominator the micro-batch losses (and so their gradients) add up.
+    totals = grpo.batch_totals(mask, agg)
+    assert float(totals.loss) == float(m["loss_denom"])
+    parts = [grpo_loss(logp[s], old[s], adv[s], mask[s], totals=totals,
+                       **{k: (v[s] if isinstance(v, np.ndarray) else v) for k, v in kw.items()})
+             for s in (slice(0, 1), slice(1, 4))]
+    # The micro-batch losses (and so their gradients) add up to the full-batch loss ...
     np.testing.assert_allclose(sum(p[0] for p in parts), full, rtol=1e-6)
+    # ... and so does every metric.
+    for name, value in m.items():
+        np.testing.assert_allclose(sum(p[1][name] for p in parts), value, rtol=1e-5,
+                                   atol=1e-7, err_msg=name)
 
 
 def test_garbage_in_masked_positions_is_harmless_and_jittable():
@@ -419,3 +427,72 @@ def test_grpo_update_decreases_loss_and_first_step_is_the_gradient():
     assert abs(float(metrics["ratio_mean"][1]) - 1.0) > 1e-4
     with pytest.raises(ValueError):
         grpo.grpo_update(params, opt.init(params), batch, loss_fn, opt, num_updates=0)
+
+
+# ------------------------------------------------------------------------------------------
+# Micro-batched updates of a decoder (the round's policy_update) against the whole batch
+# ------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def _decoder_update_case():
+    """A tiny decoder, 8 rollout rows after left-padded prompts, rewards and old log-probs."""
+    from flax import nnx
+
+    import jaxrubric
+    from jaxrubric.coevolve import completion_logprobs
+
+    model = jaxrubric.init_model(jaxrubric.tiny_config("qwen3", num_layers=1), seed=4)
+    graph, params = nnx.split(model, nnx.Param)
+    rng = np.random.default_rng(8)
+    rows, width, length = 8, 4, 5
+    prompt = jnp.asarray(rng.integers(3, 257, (rows, width)), jnp.int32)
+    prompt_mask = jnp.asarray(np.arange(width)[None] >= rng.integers(0, 3, (rows, 1)))
+    completion = jnp.asarray(rng.integers(3, 257, (rows, length)), jnp.int32)
+    lengths = rng.integers(1, length + 1, rows)
+    lengths[5] = 0  # a row with no valid token
+    completion_mask = jnp.asarray(np.arange(length)[None] < lengths[:, None])
+    sampler = completion_logprobs(model, prompt, prompt_mask, completion, 2)
+    sampler_logp = sampler + jnp.asarray(rng.normal(0, 0.3, (rows, length)), jnp.float32)
+    advantages = jnp.asarray(rng.normal(size=(rows, length)), jnp.float32)
+    return graph, params, (prompt, prompt_mask, completion, completion_mask, sampler_logp,
+                           advantages)
+
+
+def _decoder_update(aggregation, micro_batches):
+    from jaxrubric.coevolve import RoundConfig, policy_update
+
+    graph, params, batch = _decoder_update_case()
+    cfg = RoundConfig(aggregation=aggregation, num_updates=2, logprob_chunk=2,
+                      update_micro_batches=micro_batches)
+    opt = optax.sgd(0.5)  # the parameters move by the gradients themselves
+    # The reference is the initial weights, moved a little so the KL term is not zero.
+    ref = jax.tree.map(lambda p: p * 1.01, params)
+    update = jax.jit(lambda p, r: policy_update(cfg, graph, opt, p, opt.init(p), r, *batch,
+                                                beta=0.1))
+    return update(params, ref)
+
+
+@pytest.mark.parametrize("agg", AGGREGATIONS)
+def test_micro_batched_update_equals_the_whole_batch(agg):
+    """Two SGD steps over 2 and 4 micro-batches of the rows give the parameters and metrics
+    (gradient norms included) of the whole-batch update, with the reference log-probs per
+    micro-batch."""
+    want = _decoder_update(agg, 1)
+    for n in (2, 4):
+        got = _decoder_update(agg, n)
+        for a, b in zip(jax.tree.leaves(want[:2]), jax.tree.leaves(got[:2])):
+            np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-6)
+        assert set(got[2]) == set(want[2])
+        for name, value in want[2].items():
+            np.testing.assert_allclose(got[2][name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+    assert float(want[2]["kl"][0]) > 0 and float(want[2]["clip_frac"][1]) > 0
+
+
+def test_micro_batches_must_split_the_rows():
+    params, batch, loss_fn = toy_problem()  # 6 rows
+    opt = optax.sgd(0.1)
+    with pytest.raises(ValueError, match="4 micro-batches do not split the 6 rows"):
+        grpo.grpo_update(params, opt.init(params), batch, loss_fn, opt, micro_batches=4)
+    with pytest.raises(ValueError, match="micro_batches must be >= 1"):
+        grpo.grpo_update(params, opt.init(params), batch, loss_fn, opt, micro_batches=0)

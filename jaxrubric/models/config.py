@@ -40,6 +40,9 @@ class ModelConfig:
     `vocab_size` is the tokenizer-facing vocabulary; `padded_vocab_size` may be larger so the
     vocabulary dimension divides a mesh axis. Padded logits are masked so they are never sampled.
     `dtype` is the compute dtype; `param_dtype` the storage dtype of the weights.
+    `attention_chunk` > 0 computes attention over blocks of that many queries when a call has
+    more queries than that, so one layer holds `[rows, heads, chunk, S]` scores instead of
+    `[rows, heads, T, S]` (long prompts, tree rows); 0 keeps the single einsum.
     """
 
     model_type: Literal["qwen3", "llama"]
@@ -62,6 +65,7 @@ class ModelConfig:
     param_dtype: str = "float32"
     scan_layers: bool = True
     remat: str = "none"
+    attention_chunk: int = 0
 
     def __post_init__(self) -> None:
         if self.model_type not in SUPPORTED_ARCHITECTURES:
@@ -83,6 +87,8 @@ class ModelConfig:
             raise ConfigError(
                 f"rope type {self.rope.type!r} is not supported; supported: {SUPPORTED_ROPE_TYPES}"
             )
+        if self.attention_chunk < 0:
+            raise ConfigError(f"attention_chunk must be >= 0 (0: off), got {self.attention_chunk}")
         if self.remat not in REMAT_POLICIES:
             raise ConfigError(f"remat {self.remat!r} is not one of {REMAT_POLICIES}")
         for name in ("dtype", "param_dtype"):

@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jaxrubric.models.config import ModelConfig
@@ -94,14 +95,54 @@ def segment_positions(segment_ids: jax.Array) -> jax.Array:
     return idx - jax.lax.cummax(jnp.where(starts, idx, 0), axis=segment_ids.ndim - 1)
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, chunk: int = 0
+              ) -> jax.Array:
     """Grouped-query attention, the einsum form XLA lowers well on CPU, GPU and TPU.
 
     `q [B, T, heads, D]`; `k`, `v [B, kv_heads, S, D]` (the KV-cache layout, so decoding reads
     the cache without transposing it); `mask [B, T, S]` True where a query may attend a key.
     Query heads are grouped under their kv head, never materialising repeated keys. A query
-    with nothing to attend (padding) gets a uniform average rather than NaN.
+    with nothing to attend (padding) gets a uniform average rather than NaN. With
+    `0 < chunk < T` the queries go through `chunked_attention` (same values, less memory).
     """
+    if 0 < chunk < q.shape[1]:
+        return chunked_attention(q, k, v, mask, chunk)
+    return _dense_attention(q, k, v, mask)
+
+
+def chunked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, chunk: int
+                      ) -> jax.Array:
+    """`attention` computed over blocks of `chunk` queries, one block after another.
+
+    The dense form holds float32 scores `[B, heads, T, S]`: with long prompts or tree rows that
+    one tensor is what runs a layer out of memory. A block holds `[B, heads, chunk, S]`, and
+    each block is a `jax.checkpoint`, so the backward pass recomputes one block's
+    probabilities at a time instead of keeping all of them. The last block ends at the last
+    query (overlapping the one before when `chunk` does not divide T; its repeated rows are
+    dropped), so nothing is padded and each block reads its rows of `mask` in place. Keys and
+    values enter the blocks in float32 so their cotangents, summed over blocks, keep the
+    precision the dense einsum's accumulation has.
+    """
+    b, t, n, d = q.shape
+    blocks = -(-t // chunk)
+    starts = np.minimum(np.arange(blocks) * chunk, t - chunk)
+    q_blocks = jnp.stack([q[:, s:s + chunk] for s in starts])
+    k32, v32 = k.astype(jnp.float32), v.astype(jnp.float32)
+
+    @jax.checkpoint
+    def block(xs: tuple[jax.Array, jax.Array]) -> jax.Array:
+        start, q_b = xs
+        mask_b = jax.lax.dynamic_slice_in_dim(mask, start, chunk, axis=1)
+        return _dense_attention(q_b, k32.astype(k.dtype), v32.astype(v.dtype), mask_b)
+
+    out = jax.lax.map(block, (jnp.asarray(starts), q_blocks))  # [blocks, B, chunk, heads, D]
+    tail = t - (blocks - 1) * chunk  # rows of the last block that no other block has
+    head = out[:-1].swapaxes(0, 1).reshape(b, (blocks - 1) * chunk, n, d)
+    return jnp.concatenate([head, out[-1][:, chunk - tail:]], axis=1)
+
+
+def _dense_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """`attention` with every query at once (see there)."""
     b, t, n, d = q.shape
     kv = k.shape[1]
     q = q.reshape(b, t, kv, n // kv, d).transpose(0, 2, 3, 1, 4).reshape(b, kv, n // kv * t, d)
@@ -129,7 +170,7 @@ def _layer(config: ModelConfig, p: dict, x, cos, sin, mask, kv_write):
     k = apply_rope(k, cos, sin).transpose(0, 2, 1, 3)  # [B, kv_heads, T, D]
     v = v.transpose(0, 2, 1, 3)
     k_all, v_all, cache_out = kv_write(k, v)
-    attn = attention(q, k_all, v_all, mask)
+    attn = attention(q, k_all, v_all, mask, config.attention_chunk)
     x = x + jnp.einsum("btnh,nhd->btd", attn, w["o_proj"])
     h = rms_norm(x, w["post_attention_norm"], config.rms_norm_eps)
     gate = jnp.einsum("btd,df->btf", h, w["gate_proj"])

@@ -10,12 +10,14 @@ estimators) live in registries so a config picks them by string.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 from jax import lax
+
+from jaxrubric import microbatch
 
 Array = jax.Array
 AdvantageMode = Literal["group_std", "no_std", "batch_std"]
@@ -231,8 +233,36 @@ def _kl_k3(logp: Array, ref_logp: Array) -> Array:
 # --------------------------------------------------------------------------------------------
 
 
-def _masked_mean(x: Array, maskf: Array) -> Array:
-    return safe_ratio(jnp.sum(x * maskf), jnp.sum(maskf))
+def _valid_tokens(mask: Array, truncated: Array | None, mask_truncated: bool) -> Array:
+    """The tokens that count: `mask`, less truncated completions under `mask_truncated`."""
+    if mask_truncated and truncated is None:
+        raise ValueError("mask_truncated=True needs the `truncated` [B] flags")
+    valid = jnp.asarray(mask, bool)
+    if mask_truncated:
+        valid = valid & ~jnp.asarray(truncated, bool)[:, None]
+    return valid
+
+
+class BatchTotals(NamedTuple):
+    """The whole batch's denominators, for `grpo_loss` on one micro-batch of it.
+
+    Dividing by these instead of the micro-batch's own makes the loss and every metric that
+    micro-batch's share of the full-batch value, so sums over micro-batches (and the sums of
+    their gradients) are exactly the full-batch ones, whatever the aggregation.
+    """
+
+    loss: Array  # the aggregation's denominator
+    tokens: Array  # valid tokens
+    rows: Array | int  # sequences
+
+
+def batch_totals(mask: Array, aggregation: str = "token-mean", *, max_len: int | None = None,
+                 truncated: Array | None = None, mask_truncated: bool = False) -> BatchTotals:
+    """`BatchTotals` of the full batch `[B, L]`, with `grpo_loss`'s arguments of the same
+    names. The denominators depend on the mask alone, so they are known before any loss."""
+    maskf = _valid_tokens(mask, truncated, mask_truncated).astype(jnp.float32)
+    _, denominator = aggregate_loss(jnp.zeros_like(maskf), maskf, aggregation, max_len=max_len)
+    return BatchTotals(denominator, jnp.sum(maskf), maskf.shape[0])
 
 
 def grpo_loss(
@@ -253,7 +283,7 @@ def grpo_loss(
     mask_truncated: bool = False,
     entropy: Array | None = None,
     sampler_logp: Array | None = None,
-    loss_denominator: Array | float | None = None,
+    totals: BatchTotals | None = None,
 ) -> tuple[Array, dict[str, Array]]:
     """Clipped GRPO/PPO loss over tokens `[B, L]`; returns `(loss, metrics)`.
 
@@ -268,9 +298,11 @@ def grpo_loss(
     `c = dual_clip > 1`. With `beta > 0` and `ref_logp` given, `beta * KL(pi || pi_ref)` is added
     per token using the registered `kl_estimator`. Metrics are auxiliary outputs: differentiate
     `loss` only (e.g. `jax.grad(..., has_aux=True)`). The per-token loss is reduced by the
-    registered `aggregation` to (sum, denominator); `loss = sum / denominator`, or
-    `sum / loss_denominator` when a global denominator is given (exact micro-batching: the
-    micro-batch losses then add up to the full-batch loss).
+    registered `aggregation` to (sum, denominator); `loss = sum / denominator`.
+
+    On a micro-batch of a larger batch, pass the full batch's `totals` (`batch_totals`): the
+    loss and every metric are then this micro-batch's share of the full-batch value, and the
+    shares (and their gradients) sum exactly to the full-batch loss and metrics.
 
     `truncated` `[B]` marks completions cut at the length limit; with `mask_truncated` their
     tokens are dropped (DAPO's overlong filtering). Metrics (token means over valid tokens):
@@ -281,17 +313,18 @@ def grpo_loss(
     (given `truncated`), and `logprob_gap` = mean |sampler_logp - logp|, the sampler-vs-trainer
     mismatch (exact at the first update of a rollout, where trainer and sampler share params).
     """
-    if mask_truncated and truncated is None:
-        raise ValueError("mask_truncated=True needs the `truncated` [B] flags")
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
     if kl_estimator not in KL_ESTIMATORS:
         raise ValueError(f"unknown KL estimator {kl_estimator!r}; registered: {sorted(KL_ESTIMATORS)}")
 
-    valid = jnp.asarray(mask, bool)
-    if mask_truncated:
-        valid = valid & ~jnp.asarray(truncated, bool)[:, None]
+    valid = _valid_tokens(mask, truncated, mask_truncated)
     maskf = valid.astype(jnp.float32)
+    tokens = jnp.sum(maskf) if totals is None else totals.tokens
+
+    def token_mean(x: Array) -> Array:
+        return safe_ratio(jnp.sum(x * maskf), tokens)
+
     logp = logp.astype(jnp.float32)
     adv = jnp.asarray(advantages, jnp.float32)
     adv = jnp.broadcast_to(adv[:, None] if adv.ndim == 1 else adv, logp.shape)
@@ -305,39 +338,39 @@ def grpo_loss(
     if dual_clip is not None:
         dual_active = (adv < 0) & (-dual_clip * adv < pg)
         pg = jnp.where(adv < 0, jnp.minimum(pg, -dual_clip * adv), pg)
-        metrics["dual_clip_frac"] = _masked_mean(dual_active.astype(jnp.float32), maskf)
+        metrics["dual_clip_frac"] = token_mean(dual_active.astype(jnp.float32))
 
     per_token = pg
     if ref_logp is not None and beta != 0.0:
         kl = KL_ESTIMATORS[kl_estimator](jnp.where(valid, logp, 0.0), jnp.where(valid, ref_logp, 0.0))
         per_token = pg + beta * kl
-        metrics["kl"] = _masked_mean(kl, maskf)
+        metrics["kl"] = token_mean(kl)
 
     loss_sum, loss_denom = aggregate_loss(per_token, maskf, aggregation, max_len=max_len)
-    loss = safe_ratio(loss_sum, loss_denom if loss_denominator is None else loss_denominator)
-    pg_sum, pg_denom = aggregate_loss(pg, maskf, aggregation, max_len=max_len)
+    pg_sum, _ = aggregate_loss(pg, maskf, aggregation, max_len=max_len)
+    denominator = loss_denom if totals is None else totals.loss
 
     clip_low = ((adv < 0) & (ratio < 1.0 - eps_low)).astype(jnp.float32)
     clip_high = ((adv > 0) & (ratio > 1.0 + eps_high)).astype(jnp.float32)
     metrics.update(
-        loss=loss,
+        loss=safe_ratio(loss_sum, denominator),
         loss_sum=loss_sum,
         loss_denom=loss_denom,
-        pg_loss=safe_ratio(pg_sum, pg_denom),
-        clip_frac_low=_masked_mean(clip_low, maskf),
-        clip_frac_high=_masked_mean(clip_high, maskf),
-        clip_frac=_masked_mean(clip_low + clip_high, maskf),
-        approx_kl=_masked_mean(ratio - 1.0 - log_ratio, maskf),
-        ratio_mean=_masked_mean(ratio, maskf),
+        pg_loss=safe_ratio(pg_sum, denominator),
+        clip_frac_low=token_mean(clip_low),
+        clip_frac_high=token_mean(clip_high),
+        clip_frac=token_mean(clip_low + clip_high),
+        approx_kl=token_mean(ratio - 1.0 - log_ratio),
+        ratio_mean=token_mean(ratio),
     )
     if entropy is not None:
-        metrics["entropy"] = _masked_mean(entropy, maskf)
+        metrics["entropy"] = token_mean(entropy)
     if truncated is not None:
-        metrics["truncated_frac"] = jnp.mean(jnp.asarray(truncated, jnp.float32))
+        rows = logp.shape[0] if totals is None else totals.rows
+        metrics["truncated_frac"] = jnp.sum(jnp.asarray(truncated, jnp.float32)) / rows
     if sampler_logp is not None:
-        gap = jnp.abs(jnp.where(valid, sampler_logp - logp, 0.0))
-        metrics["logprob_gap"] = _masked_mean(gap, maskf)
-    return loss, metrics
+        metrics["logprob_gap"] = token_mean(jnp.abs(jnp.where(valid, sampler_logp - logp, 0.0)))
+    return metrics["loss"], metrics
 
 
 # --------------------------------------------------------------------------------------------
@@ -353,6 +386,7 @@ def grpo_update(
     optimizer: optax.GradientTransformation,
     *,
     num_updates: int = 1,
+    micro_batches: int = 1,
 ) -> tuple[Any, optax.OptState, dict[str, Array]]:
     """Take `num_updates` (GRPO's mu) optimiser steps on one rollout `batch`.
 
@@ -362,10 +396,21 @@ def grpo_update(
     jittable with `loss_fn`, `optimizer` and `num_updates` static. Returned metrics are
     stacked along a leading `[num_updates]` axis and include `loss` and `grad_norm` (global
     L2 norm of the gradient before the optimiser).
+
+    With `micro_batches = n > 1`, every leaf of `batch` has the rows as its leading axis and
+    each step splits them into n micro-batches (`microbatch.split`), summing the loss, the
+    metrics and the gradients of `loss_fn` over them in a `lax.scan`: only one micro-batch's
+    activations exist at a time. `loss_fn` must then return its micro-batch's share of the
+    full-batch loss and metrics (`grpo_loss` with the full batch's `totals`), and the step is
+    the full-batch step.
     """
-    if num_updates < 1:
-        raise ValueError(f"num_updates must be >= 1, got {num_updates}")
+    for name, value in (("num_updates", num_updates), ("micro_batches", micro_batches)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    if micro_batches > 1:
+        grad_fn = _summed_over_micro_batches(grad_fn)
+        batch = microbatch.split(batch, micro_batches)
 
     Carry = tuple[Any, optax.OptState]
 
@@ -378,3 +423,20 @@ def grpo_update(
 
     (params, opt_state), metrics = lax.scan(step, (params, opt_state), None, length=num_updates)
     return params, opt_state, metrics
+
+
+def _summed_over_micro_batches(grad_fn: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """`grad_fn(params, split_batch)` summed over the micro-batches `[n, ...]` of a split batch,
+    one after another in a `lax.scan` (the accumulator is the gradient's size)."""
+
+    def summed(params: Any, split_batch: Any) -> Any:
+        first = jax.tree.map(lambda x: x[0], split_batch)
+        shapes = jax.eval_shape(grad_fn, params, first)
+        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+        def add(total: Any, micro: Any) -> tuple[Any, None]:
+            return jax.tree.map(jnp.add, total, grad_fn(params, micro)), None
+
+        return lax.scan(add, zeros, split_batch)[0]
+
+    return summed

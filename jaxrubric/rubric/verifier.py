@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
+from jaxrubric import microbatch
 from jaxrubric.models.transformer import Decoder
 from jaxrubric.rubric.grammar import token_bytes
 from jaxrubric.rubric.templates import Packed, TokenTemplate, assemble, compact, verifier_template
@@ -216,16 +217,20 @@ def _verdicts(logits: jax.Array, valid: ArrayLike, readout: VerifierReadout) -> 
 
 def verify(model: Decoder, readout: VerifierReadout, prefix_tokens: ArrayLike,
            prefix_lengths: ArrayLike, items: ArrayLike, item_lengths: ArrayLike,
-           valid: ArrayLike, *, pad_id: int = 0) -> Verdicts:
+           valid: ArrayLike, *, pad_id: int = 0, micro_batches: int = 1) -> Verdicts:
     """Judges every response under every item with one tree forward per (prompt, response).
 
     ``prefix_tokens [B, K, Lp]`` / ``prefix_lengths [B, K]`` (from `verifier_prefix`);
     ``items [B, G, M, Li]``, ``item_lengths`` and ``valid [B, G, M]`` (from
     `jaxrubric.rubric.grammar.parse_rubric_tokens`). Returns ``[B, K, G, M]`` verdicts.
-    Jittable; shard the leading batch axis over the mesh's data axes.
+    Jittable; shard the leading batch axis over the mesh's data axes. With
+    ``micro_batches = n > 1`` the prompts go through the verifier n micro-batches at a time
+    (`microbatch.map_rows`): the tree rows of ``B / n`` prompts exist at once.
     """
-    logits = answer_logits(model, prefix_tokens, prefix_lengths, items, item_lengths,
-                           readout.suffix, pad_id=pad_id)
+    logits = microbatch.map_rows(
+        lambda xs: answer_logits(model, *xs, readout.suffix, pad_id=pad_id),
+        tuple(jnp.asarray(x) for x in (prefix_tokens, prefix_lengths, items, item_lengths)),
+        micro_batches)
     return _verdicts(logits, valid, readout)
 
 
