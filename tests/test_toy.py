@@ -38,28 +38,42 @@ def test_prompts_targets_and_warm_start_answers():
         assert len(set(digits)) == len(digits) and target == task.target_of(prompt)
         assert 2 <= len(target) <= 5 and all(d > "4" for d in target)
         assert task.flawed_answer(prompt, rng, 0) == target
-        assert task.quality(task.flawed_answer(prompt, rng, 1), target) < 1
+        assert task.quality(task.flawed_answer(prompt, rng, 1), prompt) < 1
     prompts = [task.make_prompt(rng)[0] for _ in range(2000)]
     correct = [task.policy_warm_start_answer(p, rng, 0.3) == task.target_of(p) for p in prompts]
     assert 0.25 < np.mean(correct) < 0.35  # the middling warm start: 30% right
 
 
-def test_quality_partial_credit_and_jax_version_agree():
-    assert task.quality("1134", "1134") == 1.0
-    assert task.quality("1143", "1134") == 0.5
-    assert task.quality("113", "1134") == 0.75
-    assert task.quality("11345", "1134") == 0.8
-    assert task.quality("", "1134") == 0.0
-    rng = np.random.default_rng(0)
-    responses = rng.integers(0, 4, (6, 3, 8))
-    lengths = rng.integers(0, 9, (6, 3))
-    targets = rng.integers(0, 4, (6, 5))
-    target_len = rng.integers(1, 6, (6,))
-    got = task.token_match_quality(jnp.asarray(responses), jnp.asarray(lengths),
-                                   jnp.asarray(targets)[:, None], jnp.asarray(target_len)[:, None])
-    want = [[task.quality(list(responses[b, k, :lengths[b, k]]), list(targets[b, :target_len[b]]))
-             for k in range(3)] for b in range(6)]
+def test_quality_partial_credit_and_jax_version_agree(tokenizer):
+    prompt = "big 381729"  # big 8 7 9, small 3 1 2
+    assert task.quality("879", prompt) == 1.0
+    assert task.quality("79", prompt) == pytest.approx(2 / 3)  # a big digit dropped
+    assert task.quality("8179", prompt) == pytest.approx(2 / 3)  # a small digit kept
+    assert task.quality("81", prompt) == pytest.approx(1 / 3 * 2 / 3)
+    assert task.quality("897", prompt) == 0.5  # out of order
+    assert task.quality("8799", prompt) == 0.5  # a digit twice
+    assert task.quality("", prompt) == 0.0 and task.quality("381729", prompt) == 0.0
+    rng = random.Random(0)
+    prompts = [task.make_prompt(rng)[0] for _ in range(6)]
+    answers = [[task.noisy_answer(p, rng) for _ in range(4)]
+               + [task.digits_of(p)[::-1][:4], task.target_of(p) + "a"] for p in prompts]
+    ids = [[tokenizer.encode(a, add_special_tokens=False) for a in row] for row in answers]
+    width = max(len(i) for row in ids for i in row) + 1
+    responses = np.full((6, 6, width), tokenizer.pad_token_id)
+    lengths = np.zeros((6, 6), np.int32)
+    for b, row in enumerate(ids):
+        for k, i in enumerate(row):
+            responses[b, k, :len(i)], lengths[b, k] = i, len(i)
+    prompt_ids = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+    prompt = np.full((6, 12), tokenizer.pad_token_id)
+    for b, i in enumerate(prompt_ids):
+        prompt[b, :len(i)] = i
+    prompt_len = np.array([len(i) for i in prompt_ids])
+    got = task.token_quality(jnp.asarray(responses), jnp.asarray(lengths),
+                             jnp.asarray(prompt)[:, None], jnp.asarray(prompt_len)[:, None])
+    want = [[task.quality(a, p) for a in row] for p, row in zip(prompts, answers)]
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
+    assert len({round(q, 3) for row in want for q in row}) > 5  # the check covers many values
 
 
 @pytest.mark.parametrize("criterion, answer, met", [
@@ -76,7 +90,7 @@ def test_anchor_lists_rank_the_correct_answer_first_by_strictly_falling_quality(
         answers = [a["answer"] for a in row["answers"]]
         target = task.target_of(row["prompt"])
         assert answers[0] == target
-        qualities = [task.quality(a, target) for a in answers]
+        qualities = [task.quality(a, row["prompt"]) for a in answers]
         assert all(a > b for a, b in zip(qualities, qualities[1:]))
         assert [a["rank"] for a in row["answers"]] == [1, 2, 3]
 

@@ -6,14 +6,23 @@ stack on it, every role a real transformer LM from our own model code:
 1. a character-level tokenizer and generated data (train and held-out anchor lists);
 2. warm starts by supervised fine-tuning (`jaxrubric.sft`): the **verifier** on the checker's
    labels of (prompt, answer, criterion) triples, then frozen; the **policy** to middling
-   quality (a mixture of right and wrong answers); the **generator** on valid but uninformed
-   rubric lines;
+   quality; the **generator** on valid rubric lines, only partly sound;
 3. the generator's own co-evolution against the warm-started policy (policy frozen): this is
    the evaluator that the "frozen" run keeps and the "coevolve" run goes on training;
 4. three runs of `jaxrubric.train.train` from the same start, held-out ground-truth quality of
    the policy every few rounds: **coevolve** (both roles train), **frozen** (the stale
    evaluator of step 3), **oracle** (the policy rewarded by ground truth itself: the ceiling);
 5. `summary.json` = the three quality curves, `quality.png` plotting them, and a table.
+
+Why a frozen evaluator goes stale here. The warm-started policy copies too much: its mistakes
+are small digits kept, never a big digit dropped, so the items that tell its answers apart are
+"omits <small digit>", and that is what the generator's cold start knows and its first rounds
+sharpen ("has <big digit>" items pass every answer: no discriminability reward). Rewarded for
+dropping digits, the policy soon drops big ones too. The frozen generator keeps writing the
+items of the old mistakes and cannot see the new ones; the co-evolving generator finds the
+items that now separate the answers (discriminability) in the direction the anchor lists rank
+(anchor reward), and the policy is corrected. With a warm start that makes every kind of
+mistake (`policy_mistakes="flips"`, `teacher_sound="both"`) the frozen generator keeps up.
 
 Every step writes into `workdir` and is skipped when its output is already there, so a rerun
 resumes (warm starts and finished runs are cached; an interrupted run resumes from its
@@ -70,6 +79,13 @@ class ToyWorldConfig:
     sft_lr: float = 1e-3
     policy_lr: float = 1e-4
     generator_lr: float = 5e-4
+    # The stale-evaluator setting: the warm-started policy copies too much (it keeps small
+    # digits, never drops a big one), and the generator's cold start knows the rubric items of
+    # that policy's mistakes ("omits" a small digit). See the module docstring.
+    policy_mistakes: str = "keeps_small"  # digits_task.policy_warm_start_answer
+    teacher_sound: str = "omits"  # digits_task.sound_criterion kinds of the cold start
+    policy_score: str = "best_group"  # RoundConfig.policy_score
+    anchor_weight: float = 1.0  # lambda of the generator's reward
     hidden_size: int = 64
     num_layers: int = 2
     verifier_hidden_size: int = 64
@@ -198,13 +214,13 @@ def train_verifier(model, tokenizer: Any, mesh, cfg: ToyWorldConfig, rng: random
     return history
 
 
-def policy_examples(tokenizer: Any, rng: random.Random, n: int, p_correct: float
-                    ) -> tuple[list, list]:
+def policy_examples(tokenizer: Any, rng: random.Random, n: int, p_correct: float,
+                    mistakes: str) -> tuple[list, list]:
     prompts, targets = [], []
     for _ in range(n):
         question, _ = task.make_prompt(rng)
         prompts.append(_policy_prompt(tokenizer, question))
-        answer = task.policy_warm_start_answer(question, rng, p_correct)
+        answer = task.policy_warm_start_answer(question, rng, p_correct, mistakes)
         targets.append(_ids(tokenizer, answer) + [tokenizer.eos_token_id])
     return prompts, targets
 
@@ -216,10 +232,12 @@ def generator_examples(tokenizer: Any, rng: random.Random, n: int, cfg: ToyWorld
     prompts, targets = [], []
     for _ in range(n):
         question, _ = task.make_prompt(rng)
-        shown = [task.policy_warm_start_answer(question, rng, cfg.policy_p_correct)
+        shown = [task.policy_warm_start_answer(question, rng, cfg.policy_p_correct,
+                                               cfg.policy_mistakes)
                  for _ in range(cfg.num_responses)]
         prompts.append(_template_ids(template, tokenizer, question, *shown))
-        rubric = task.teacher_rubric(question, rng, cfg.max_items, cfg.teacher_informed)
+        rubric = task.teacher_rubric(question, rng, cfg.max_items, cfg.teacher_informed,
+                                     cfg.teacher_sound)
         targets.append(_ids(tokenizer, rubric) + [tokenizer.eos_token_id])
     return prompts, targets
 
@@ -261,7 +279,8 @@ def warm_start(role: str, workdir: Path, tokenizer: Any, mesh, cfg: ToyWorldConf
         steps = cfg.verifier_steps
     elif role == "policy":
         model = _new_model(tokenizer, mesh, cfg.seed + 1, cfg.hidden_size, cfg.num_layers)
-        make = lambda r, n: policy_examples(tokenizer, r, n, cfg.policy_p_correct)  # noqa: E731
+        make = lambda r, n: policy_examples(tokenizer, r, n, cfg.policy_p_correct,
+                                                     cfg.policy_mistakes)  # noqa: E731
         steps = cfg.policy_steps
     else:
         model = _new_model(tokenizer, mesh, cfg.seed + 2, cfg.hidden_size, cfg.num_layers)
@@ -307,7 +326,8 @@ def run_config(name: str, workdir: Path, paths: dict[str, Path], cfg: ToyWorldCo
     c.round.logprob_chunk = 16
     # The policy is scored by the group the generator's reward ranks first: with the mean over
     # all groups, the policy learned to please the unsound items of the weaker groups.
-    c.round.policy_score = "best_group"
+    c.round.policy_score = cfg.policy_score
+    c.round.anchor_weight = cfg.anchor_weight
     c.round.policy_beta = 0.0
     c.round.generator_beta = 0.0
     c.optim.policy_lr = cfg.policy_lr
@@ -380,7 +400,7 @@ def table(summary: dict[str, Any], runs: tuple[str, ...]) -> str:
     lines = ["round  " + "  ".join(f"{r:>8}" for r in runs)]
     for i, round_ in enumerate(summary["rounds"]):
         lines.append(f"{round_:5d}  " + "  ".join(f"{summary[r][i]:8.3f}" for r in runs))
-    return "held-out quality of the policy (1 = every digit in place)\n" + "\n".join(lines)
+    return "held-out quality of the policy (1 = exactly the big digits)\n" + "\n".join(lines)
 
 
 def plot(summary: dict[str, Any], path: Path, runs: tuple[str, ...]) -> None:
