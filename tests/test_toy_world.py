@@ -55,6 +55,8 @@ def test_toy_world_quality_rises_and_the_notebook_runs(tmp_path, monkeypatch):
     assert max(quality[1:]) - quality[0] >= 0.08, quality
     assert (workdir / "quality.png").stat().st_size > 1000
     assert world.verifier_accuracy(workdir, n=256) > 0.9
+    start, end = world.mistake_profile(workdir), world.mistake_profile(workdir, "coevolve")
+    assert end["keeps_a_small_digit"] < start["keeps_a_small_digit"], (start, end)
 
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")

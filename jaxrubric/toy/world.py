@@ -471,3 +471,36 @@ def verifier_accuracy(workdir: str | Path, n: int = 512, seed: int = 1234) -> fl
     p_yes = np.asarray(yes_probability(logits, readout.yes_ids, readout.no_ids))
     labels = np.array([t[0] in readout.yes_ids for t in targets])
     return float(np.mean((p_yes > 0.5) == labels))
+
+
+def mistake_profile(workdir: str | Path, run: str | None = None, *, samples: int = 4,
+                    seed: int = 7) -> dict[str, float]:
+    """What the policy of `run` (its latest checkpoint; None: the warm start) gets wrong on
+    the held-out questions: its mean quality and the share of its sampled answers that drop a
+    big digit or keep a small one. This is what separates the runs' curves (a stale evaluator
+    never penalises the mistake the policy learns after its warm start)."""
+    from jaxrubric.sampling import generate
+    from jaxrubric.train import export
+
+    workdir = Path(workdir)
+    tokenizer = jaxrubric.load_tokenizer(workdir / "tokenizer")
+    model_dir = workdir / "models" / "policy"
+    if run is not None:
+        model_dir = workdir / "exported" / run
+        if not (model_dir / "config.json").exists():
+            export(workdir / "runs" / run, "policy", model_dir)
+    rows = [json.loads(line) for line in (workdir / "data" / "eval.jsonl").read_text().splitlines()]
+    out = generate(jaxrubric.load_pretrained(model_dir),
+                   [_policy_prompt(tokenizer, r["prompt"]) for r in rows], max_new_tokens=8,
+                   rng=jax.random.key(seed), num_samples=samples, pad_id=tokenizer.pad_token_id)
+    quality, drops_big, keeps_small = [], [], []
+    for row, tokens, lengths in zip(rows, np.asarray(out.tokens), np.asarray(out.lengths)):
+        digits = task.digits_of(row["prompt"])
+        for ids, n in zip(tokens, lengths):
+            answer = tokenizer.decode(ids[:n], skip_special_tokens=True)
+            quality.append(task.quality(answer, row["prompt"]))
+            drops_big.append(any(d > "4" and d not in answer for d in digits))
+            keeps_small.append(any(d <= "4" and d in answer for d in digits))
+    return {"quality": float(np.mean(quality)), "drops_a_big_digit": float(np.mean(drops_big)),
+            "keeps_a_small_digit": float(np.mean(keeps_small))}
+
