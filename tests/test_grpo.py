@@ -473,11 +473,13 @@ def _decoder_update(aggregation, micro_batches):
     return update(params, ref)
 
 
-@pytest.mark.parametrize("agg", AGGREGATIONS)
-def test_micro_batched_update_equals_the_whole_batch(agg):
+def test_micro_batched_update_equals_the_whole_batch():
     """Two SGD steps over 2 and 4 micro-batches of the rows give the parameters and metrics
     (gradient norms included) of the whole-batch update, with the reference log-probs per
-    micro-batch."""
+    micro-batch. Token-mean only: its denominator (all tokens of the batch) is the one a
+    per-micro-batch mean gets wrong; `test_micro_batching_is_exact` holds every aggregation
+    mode's shares exact on the loss itself."""
+    agg = "token-mean"
     want = _decoder_update(agg, 1)
     for n in (2, 4):
         got = _decoder_update(agg, n)
