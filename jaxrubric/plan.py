@@ -18,38 +18,8 @@ Memory is counted in two kinds:
   peak is the state plus the largest phase, not the sum of all phases; this is also what
   XLA's buffer assignment reports as temporary memory (`--compile` compares the two).
 
-Per-device sizes assume the round is partitioned as the sharding rules intend: batch rows
-split over `data` x `fsdp`, attention heads, kv heads, MLP and vocabulary split over `tensor`
-where the size divides. A stage split into micro-batches (`round.rollout_micro_batches` for
-sampling and verification, `round.update_micro_batches` for the updates) holds one
-micro-batch's rows at a time, so `r` below is the rows of one micro-batch per device. The
-transient formulas (bytes per device; `r` rows per device, `T` query and `S` key positions,
-`D` hidden, `h` / `kv` local heads, `hd` head dim, `f` local MLP width, `V` local padded
-vocabulary, `c` bytes of the compute dtype, `L` layers, `Q` the model's `attention_chunk`):
-
-- hidden states `act(T) = r T D c`; tree or causal mask `r T S` bytes (bool);
-- attention of one layer `r h T S (4 + c)`: the einsum attention materialises float32 scores
-  and compute-dtype probabilities, so this term grows as `T S`; with `0 < Q < T` it is one
-  block's `r h Q S (4 + c)` plus the queries and outputs cut into blocks (`2 r T' h hd c`,
-  T rounded up to a multiple of Q) and float32 keys and values `2 r S kv hd 4`;
-- projections `r (T h + 2 S kv) hd c`; MLP `3 r T f c` (gate, up, their product);
-- one layer's forward working set `W(T, S) = 2 act(T) + max(projections + attention, MLP)`;
-- a rollout (`sampling.sample`: prefill the prompts into a cache of P + N slots, copy it for
-  each of the samples, decode N tokens): KV cache `rows (P + N) L 2 kv hd c`; its peak is the
-  prompts' cache + the larger of the prefill (`W(P, P + N)` + mask) and the copied cache
-  with the decode step's logits; a micro-batched rollout also draws the whole batch's
-  sampling noise each step (`4 V rows`, counted unsharded);
-- a verifier pass over tree rows of length `Lt` (`rubric/verifier.py`): the tree mask +
-  `W(Lt, Lt)` + float32 logits at the `G M` answer positions;
-- an update on sequences of T tokens: gradients (the role's parameter shards), and with
-  micro-batches their running sum of the same size, + the layers' saved activations +
-  `2 W(T, T)` for the backward pass of one layer + the log-prob chunk `3 r C V 4` (float32
-  logits, their exponentials and their cotangent; `C` = logprob_chunk) + one layer's weights
-  gathered over `fsdp` in the compute dtype. Saved activations with remat `full`: `L act(T)`
-  (each layer's input); with any other policy: `L (2 act(T) + projections + attention + MLP)`
-  (every residual: an upper bound for the `dots_*` policies, which recompute the cheap
-  element-wise ops), where chunked attention keeps only its blocks' copies (each block's
-  probabilities are recomputed).
+The phases' formulas (bytes per device of each stage, from the model's dimensions and the
+round's shapes) are in `jaxrubric.plan_phases`.
 
 Checked against XLA (`tests/test_plan.py`, tiny config, CPU): arguments agree to the byte;
 temporaries within 0.9-1.25x where XLA partitions as the rules intend (data-parallel mesh),
@@ -76,7 +46,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -90,6 +60,8 @@ from jaxrubric.models.config import ConfigError, ModelConfig, tiny_config
 from jaxrubric.models.hf import CheckpointError, load_tokenizer, read_config_json
 from jaxrubric.genrubric_round import GENRUBRIC_WEIGHTS
 from jaxrubric.models.transformer import Decoder
+from jaxrubric.plan_phases import (Local, Phase, rollout_phase, rows_per_device, update_phase,
+                                   verifier_phase)
 from jaxrubric.rubric import grammar as grammar_lib
 from jaxrubric.rubric import templates as tpl
 
@@ -393,174 +365,6 @@ def round_shapes(config: ml_collections.ConfigDict, templates: dict[str, tpl.Tok
                   "anchors": (b * d.num_anchors, prefix + d.anchor_tokens + branches)})
 
 
-# ----------------------------------------------------------------------------- transients
-@dataclasses.dataclass(frozen=True)
-class Local:
-    """Per-device model dimensions (see the module docstring for the symbols)."""
-
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    mlp: int
-    vocab: int
-    c: int  # bytes of the compute dtype
-    gathered_layer: int  # one layer's weights gathered over fsdp, compute dtype
-    chunk: int  # the model's attention_chunk (0: dense attention)
-
-    @classmethod
-    def of(cls, params: RoleParams, tensor: int) -> "Local":
-        m = params.config
-        split = lambda x: x // tensor if x % tensor == 0 else x  # noqa: E731
-        c = jnp.dtype(m.dtype).itemsize
-        return cls(m.num_layers, m.hidden_size, split(m.num_heads), split(m.num_kv_heads),
-                   m.head_dim, split(m.intermediate_size), split(m.padded_vocab_size), c,
-                   params.layer_count // tensor * c, m.attention_chunk)
-
-    def act(self, r: int, t: int) -> int:
-        return r * t * self.hidden * self.c
-
-    def chunked(self, t: int) -> bool:
-        """Whether `t` queries go through `transformer.chunked_attention`."""
-        return 0 < self.chunk < t
-
-    def blocks(self, r: int, t: int, s: int) -> int:
-        """Chunked attention's copies besides the scores: the queries and the outputs cut
-        into whole blocks, and float32 keys and values."""
-        padded = -(-t // self.chunk) * self.chunk
-        return (2 * r * padded * self.heads * self.head_dim * self.c
-                + 2 * r * s * self.kv_heads * self.head_dim * 4)
-
-    def attention(self, r: int, t: int, s: int) -> int:
-        """One layer's attention temporaries: scores and probabilities of all queries, or of
-        one block of them with the blocks' copies."""
-        if not self.chunked(t):
-            return r * self.heads * t * s * (4 + self.c)
-        return r * self.heads * self.chunk * s * (4 + self.c) + self.blocks(r, t, s)
-
-    def attention_saved(self, r: int, t: int, s: int) -> int:
-        """What the backward pass keeps of one layer's attention without remat: the
-        probabilities, or (chunked: each block's are recomputed) the blocks' copies."""
-        if not self.chunked(t):
-            return self.attention(r, t, s)
-        return self.blocks(r, t, s)
-
-    def projections(self, r: int, t: int, s: int) -> int:
-        return r * (t * self.heads + 2 * s * self.kv_heads) * self.head_dim * self.c
-
-    def mlp_bytes(self, r: int, t: int) -> int:
-        return 3 * r * t * self.mlp * self.c
-
-    def working_set(self, r: int, t: int, s: int) -> int:
-        """W(T, S): one layer's forward, at its largest moment."""
-        return 2 * self.act(r, t) + max(self.projections(r, t, s) + self.attention(r, t, s),
-                                        self.mlp_bytes(r, t))
-
-    def saved(self, r: int, t: int, remat: str) -> int:
-        """Activations the layers keep for the backward pass."""
-        if remat == "full":
-            return self.layers * self.act(r, t)
-        every = (2 * self.act(r, t) + self.projections(r, t, t) + self.attention_saved(r, t, t)
-                 + self.mlp_bytes(r, t))
-        return self.layers * every
-
-    @staticmethod
-    def mask(r: int, t: int, s: int) -> int:
-        """A bool per (query, key)."""
-        return r * t * s
-
-    def kv_cache(self, rows: int, length: int) -> int:
-        return rows * length * self.layers * 2 * self.kv_heads * self.head_dim * self.c
-
-
-def _rows(rows: int, ways: int) -> int:
-    return -(-rows // ways)
-
-
-class Phase(NamedTuple):
-    """One stage of the round: its items, its peak and how the items make the peak."""
-
-    items: list[tuple[str, int]]
-    total: int
-    rule: str = "sum"
-
-
-def summed(items: list[tuple[str, int]]) -> Phase:
-    return Phase(items, sum(b for _, b in items))
-
-
-def _rows_text(rows: int, micro_batches: int, unit: str = "rows") -> str:
-    """`512 rows`, or `64 of 512 rows` when a micro-batch holds part of them."""
-    return (f"{rows} {unit}" if micro_batches == 1
-            else f"{rows // micro_batches} of {rows} {unit}")
-
-
-def rollout_phase(loc: Local, prompt_rows: int, samples: int, prompt: int, new: int, ways: int,
-                  micro_batches: int = 1) -> Phase:
-    """`sampling.sample` inside the round: the prompts are prefilled into a cache of
-    `prompt + new` slots, the cache is copied for each sample, then tokens are decoded one
-    at a time. The prefill's layer working set is gone before the copy, so the peak is the
-    prompts' cache plus the larger of the two (one sample: no copy, the cache is decoded
-    in place). Micro-batches do this for a share of the prompts at a time."""
-    micro_prompts = prompt_rows // micro_batches
-    rp = _rows(micro_prompts, ways)
-    r = _rows(micro_prompts * samples, ways)
-    length = prompt + new
-    cache = loc.kv_cache(r, length)
-    step = 4 * r * (3 * loc.vocab + 3 * new)  # logits and log-softmaxes; tokens, log-probs
-    step_label = "decode step: logits, sampled tokens and log-probs"
-    if micro_batches > 1:
-        step += 4 * prompt_rows * samples * loc.vocab
-        step_label += ", the whole batch's noise"
-    prefill = loc.working_set(rp, prompt, length) + loc.mask(rp, prompt, length)
-    items = [(f"KV cache: {_rows_text(prompt_rows * samples, micro_batches)} x {length} tokens",
-              cache),
-             (step_label, step),
-             (f"prefill: one layer over {_rows_text(prompt_rows, micro_batches, 'prompts')} "
-              f"x {prompt} tokens", prefill)]
-    if samples == 1:
-        return Phase(items, cache + max(prefill, step), "the cache + the larger of the prefill "
-                                                        "and the decode step")
-    prompt_cache = loc.kv_cache(rp, length)
-    items.insert(2, (f"KV cache of the {_rows_text(prompt_rows, micro_batches, 'prompts')} "
-                     f"before the {samples}x copy", prompt_cache))
-    return Phase(items, prompt_cache + max(prefill, cache + step),
-                 "the prompts' cache + the larger of the prefill and the decode")
-
-
-def update_phase(loc: Local, params: RoleParams, rows: int, length: int, chunk: int, ways: int,
-                 micro_batches: int = 1) -> Phase:
-    """A GRPO update of one role on `rows` sequences of `length` tokens, one micro-batch of
-    them at a time (their gradients summed into a second gradient-sized buffer)."""
-    r = _rows(rows // micro_batches, ways)
-    remat = params.config.remat
-    items = [(f"gradients ({params.config.param_dtype})", params.bytes)]
-    if micro_batches > 1:
-        items.append((f"their sum over {micro_batches} micro-batches", params.bytes))
-    return summed(items + [
-        (f"saved activations (remat {remat}): {_rows_text(rows, micro_batches)} x {length} "
-         "tokens", loc.saved(r, length, remat) + loc.mask(r, length, length)),
-        ("backward of one layer", 2 * loc.working_set(r, length, length)),
-        (f"log-prob chunk: {chunk} tokens x {loc.vocab} vocabulary", 3 * r * chunk * loc.vocab * 4),
-        ("one layer's weights gathered", loc.gathered_layer),
-    ])
-
-
-def verifier_phase(loc: Local, rows: int, length: int, answers: int, ways: int,
-                   micro_batches: int = 1) -> Phase:
-    """One tree forward per (prompt, answer): every item a branch of the shared prefix; the
-    rows of one micro-batch of prompts at a time."""
-    r = _rows(rows // micro_batches, ways)
-    return summed([
-        (f"tree mask: {_rows_text(rows, micro_batches)} x {length}^2",
-         loc.mask(r, length, length)),
-        (f"one layer's forward over {length} tokens", loc.working_set(r, length, length)
-         + loc.gathered_layer),
-        (f"answer logits: {answers} items per row", r * answers * loc.vocab * 4),
-    ])
-
-
 # ----------------------------------------------------------------------------- the plan
 def state_items(config: ml_collections.ConfigDict, params: dict[str, RoleParams], ways: int
                 ) -> list[tuple[str, int]]:
@@ -576,7 +380,7 @@ def state_items(config: ml_collections.ConfigDict, params: dict[str, RoleParams]
                   params["verifier"].bytes))
     # + the rng key (2 x uint32) and the int32 round counter
     items.append(("batch, rng, round counter",
-                  _rows(config.data.batch_size, ways) * batch_row_bytes(config) + 8 + 4))
+                  rows_per_device(config.data.batch_size, ways) * batch_row_bytes(config) + 8 + 4))
     return items
 
 
