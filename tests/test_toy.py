@@ -129,3 +129,20 @@ def test_verifier_examples_are_balanced_and_labelled_by_the_checker(tokenizer):
         assert task.check(criterion, answer) == (target == yes)
         assert ids[:len(template.segments[0])] == list(template.segments[0])
         assert question.startswith(task.INSTRUCTION)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("runs", ("coevolve", "stale"), "unknown toy runs \\['stale'\\]"),
+    ("policy_mistakes", "keep_small", "ToyWorldConfig.policy_mistakes 'keep_small'"),
+    ("teacher_sound", "has", "ToyWorldConfig.teacher_sound 'has'"),
+])
+def test_toy_config_names_a_bad_choice(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        world.ToyWorldConfig(**{field: value})
+
+
+def test_unknown_mistake_and_item_kinds_are_errors():
+    with pytest.raises(ValueError, match="mistakes 'keep_small'"):
+        task.policy_warm_start_answer("big 381729", random.Random(0), 0.3, "keep_small")
+    with pytest.raises(ValueError, match="kinds 'has'"):
+        task.sound_criterion("big 381729", random.Random(0), "has")

@@ -96,6 +96,11 @@ class ToyWorldConfig:
         unknown = set(self.runs) - set(RUNS)
         if unknown:
             raise ValueError(f"unknown toy runs {sorted(unknown)}; choose from {RUNS}")
+        for name, allowed in (("policy_mistakes", task.POLICY_MISTAKES),
+                              ("teacher_sound", task.SOUND_KINDS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"ToyWorldConfig.{name} {getattr(self, name)!r} is not one of "
+                                 f"{allowed}")
 
 
 # --------------------------------------------------------------------------------- data
