@@ -13,11 +13,8 @@ to its share of the model FLOPs (`jaxrubric.flops.round_flops_by_stage`). Prints
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 import jax
-import ml_collections
 
 from timing import best_time
 
@@ -55,10 +52,7 @@ def main() -> None:
     parser.add_argument("--config", default="configs/tiny_dynamic_rubric.py")
     parser.add_argument("--repeats", type=int, default=5)
     args, overrides = parser.parse_known_args()
-    if args.config.endswith(".json"):  # a training workdir's config.json, e.g. the toy world's
-        config = ml_collections.ConfigDict(json.loads(Path(args.config).read_text()))
-    else:
-        config = load_config(args.config, [o.removeprefix("--config.") for o in overrides])
+    config = load_config(args.config, [o.removeprefix("--config.") for o in overrides])
     task = CoevolveTask(config)
     state = task.init_state(jax.random.key(0))
     batch, rng = task.batch(0), jax.random.key(1)

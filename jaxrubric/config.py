@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -117,16 +118,20 @@ def paper_recipe(checkpoint: str, chat_template_kwargs: dict | None = None,
 
 
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
-    """Loads `get_config()` from a file, applies `a.b=value` overrides, resolves paths, checks."""
+    """Loads `get_config()` from a Python file, or a training workdir's saved `config.json`,
+    applies `a.b=value` overrides, resolves paths, checks."""
     path = Path(path)
     if not path.is_file():
         raise ConfigFileError(f"config file {path} does not exist")
-    spec = importlib.util.spec_from_file_location(f"jaxrubric_config_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    if not hasattr(module, "get_config"):
-        raise ConfigFileError(f"{path} has no get_config()")
-    config = module.get_config()
+    if path.suffix == ".json":
+        config = ml_collections.ConfigDict(json.loads(path.read_text()))
+    else:
+        spec = importlib.util.spec_from_file_location(f"jaxrubric_config_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        if not hasattr(module, "get_config"):
+            raise ConfigFileError(f"{path} has no get_config()")
+        config = module.get_config()
     for override in overrides:
         apply_override(config, override)
     base = path.parent.resolve()

@@ -17,7 +17,7 @@ from flax import nnx
 import jaxrubric
 from jaxrubric import coevolve, flops
 from jaxrubric import sharding as shd
-from jaxrubric.config import round_config
+from jaxrubric.config import load_config, round_config
 from jaxrubric.data import load_anchors, prompt_text
 from jaxrubric.genrubric_round import build_genrubric_setup, genrubric_round
 from jaxrubric.models.transformer import Decoder
@@ -211,8 +211,7 @@ def export(workdir: str | Path, role: str, out: str | Path, *, dtype: str | None
     config_file = workdir / _CONFIG_FILE
     if not config_file.is_file():
         raise FileNotFoundError(f"missing file {config_file}: is {workdir} a training workdir?")
-    config = ml_collections.ConfigDict(json.loads(config_file.read_text()))
-    task = CoevolveTask(config)
+    task = CoevolveTask(load_config(config_file))
     state, meta = restore_checkpoint(str(workdir), task.abstract_state())
     model = nnx.merge(task.setup.policy_graph if role == "policy" else
                       task.setup.generator_graph, state[role])

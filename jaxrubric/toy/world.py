@@ -284,8 +284,8 @@ def warm_start(role: str, workdir: Path, tokenizer: Any, mesh, cfg: ToyWorldConf
         steps = cfg.verifier_steps
     elif role == "policy":
         model = _new_model(tokenizer, mesh, cfg.seed + 1, cfg.hidden_size, cfg.num_layers)
-        make = lambda r, n: policy_examples(tokenizer, r, n, cfg.policy_p_correct,
-                                                     cfg.policy_mistakes)  # noqa: E731
+        make = lambda r, n: policy_examples(  # noqa: E731
+            tokenizer, r, n, cfg.policy_p_correct, cfg.policy_mistakes)
         steps = cfg.policy_steps
     else:
         model = _new_model(tokenizer, mesh, cfg.seed + 2, cfg.hidden_size, cfg.num_layers)
