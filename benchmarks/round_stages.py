@@ -24,18 +24,15 @@ from jaxrubric.train import CoevolveTask
 
 
 def prefixes(setup: coevolve.RoundSetup):
-    """The round's growing prefixes, each returning something that depends on all its work;
-    they split the rng as `coevolve.dynamic_rubric_rollout` does."""
+    """The round's growing prefixes, built from its own stages, each returning something that
+    depends on all its work."""
 
     def responses(state, frozen, batch, rng):
-        policy, _, _ = setup.models(state, frozen)
-        return coevolve.policy_responses(setup, policy, batch, jax.random.split(rng)[0])
+        return coevolve.respond_stage(setup, state["policy"], batch, rng)
 
     def rubrics(state, frozen, batch, rng):
         sampled, text_len = responses(state, frozen, batch, rng)
-        _, generator, _ = setup.models(state, frozen)
-        gen_input = coevolve.generator_input(setup, batch, sampled, text_len)
-        return coevolve.write_rubrics(setup, generator, gen_input, jax.random.split(rng)[1])
+        return coevolve.rubric_stage(setup, state["generator"], batch, sampled, text_len, rng)
 
     def rollout(state, frozen, batch, rng):
         return coevolve.dynamic_rubric_rollout(setup, state, frozen, batch, rng)

@@ -17,6 +17,7 @@ verifier's prompts as token ids.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
 
@@ -26,7 +27,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jaxrubric import microbatch, sampling
+from jaxrubric import microbatch, placement, sampling
 from jaxrubric.models.transformer import Decoder
 from jaxrubric.rewards.dynamic_rubric import dynamic_rubric_rewards
 from jaxrubric.rl import grpo
@@ -116,12 +117,6 @@ class RoundSetup:
     oracle_reward: Callable[..., jax.Array] | None = dataclasses.field(default=None,
                                                                        kw_only=True)
 
-    def models(self, state: dict, frozen: dict) -> tuple[Decoder, Decoder, Decoder]:
-        """Policy, generator and verifier modules over the round's current weights."""
-        return (nnx.merge(self.policy_graph, state["policy"]),
-                nnx.merge(self.generator_graph, state["generator"]),
-                nnx.merge(self.verifier_graph, frozen["verifier"]))
-
 
 def shared_setup_fields(tokenizer: Any, policy: Decoder, generator: Decoder,
                         verifier: Decoder, chat_template_kwargs: dict | None = None,
@@ -170,22 +165,22 @@ def build_setup(config: RoundConfig, tokenizer: Any, policy: Decoder, generator:
 
 def init_state(setup: RoundSetup, policy: Decoder, generator: Decoder) -> dict[str, PyTree]:
     """The trainable state: both models' parameters and optimiser states, and the round."""
-    policy_params = nnx.state(policy, nnx.Param)
-    generator_params = nnx.state(generator, nnx.Param)
-    state = {
-        "policy": policy_params,
-        "policy_opt": setup.policy_optimizer.init(policy_params),
-        "generator": generator_params,
-        "generator_opt": setup.generator_optimizer.init(generator_params),
-        "round": jnp.zeros((), jnp.int32),
-    }
-    # Scalars (round, optimiser counts) go on the parameters' mesh, replicated, so the state
-    # that comes out of a round has the shardings of the one that went in: no recompiles.
-    mesh = jax.tree.leaves(policy_params)[0].sharding.mesh
-    replicated = NamedSharding(mesh, PartitionSpec())
-    return jax.tree.map(
-        lambda x: x if isinstance(x.sharding, NamedSharding) else jax.device_put(x, replicated),
-        state)
+    state: dict[str, PyTree] = {}
+    for role, model, optimizer in (("policy", policy, setup.policy_optimizer),
+                                   ("generator", generator, setup.generator_optimizer)):
+        params = nnx.state(model, nnx.Param)
+        # Scalars (optimiser counts) go on the role's mesh, replicated, so the state that comes
+        # out of a round has the shardings of the one that went in: no recompiles.
+        replicated = NamedSharding(jax.tree.leaves(params)[0].sharding.mesh, PartitionSpec())
+        state[role] = params
+        state[f"{role}_opt"] = jax.tree.map(
+            lambda x, r=replicated: x if isinstance(x.sharding, NamedSharding)
+            else jax.device_put(x, r), optimizer.init(params))
+    # The round counter lives on the policy's mesh.
+    state["round"] = jax.device_put(
+        jnp.zeros((), jnp.int32),
+        NamedSharding(jax.tree.leaves(state["policy"])[0].sharding.mesh, PartitionSpec()))
+    return state
 
 
 def completion_logprobs(model: Decoder, prompt: jax.Array, prompt_mask: jax.Array,
@@ -248,22 +243,54 @@ def last_update_metrics(metrics: dict[str, jax.Array]) -> dict[str, jax.Array]:
     return {k: v[-1] for k, v in metrics.items()}
 
 
-def update_role(setup: RoundSetup, role: str, state: dict, frozen: dict, prompt: jax.Array,
-                prompt_mask: jax.Array, samples: sampling.SampleResult, advantages: jax.Array
-                ) -> tuple[dict, dict[str, jax.Array]]:
-    """GRPO update of `role` ("policy" or "generator") on its samples `[B, S, L]`, each row
-    after its prompt `[B*S, P]`; `advantages` are `[B, S]` or token-level `[B, S, L]`.
-    Returns the role's new state entries and its metrics, prefixed by the role."""
-    rows = samples.tokens.shape[0] * samples.tokens.shape[1]
+def role_update_stage(role: str, setup: RoundSetup, params: PyTree, opt_state: PyTree,
+                      ref_params: PyTree | None, prompt: jax.Array, prompt_mask: jax.Array,
+                      samples: sampling.SampleResult, advantages: jax.Array
+                      ) -> tuple[PyTree, PyTree, dict[str, jax.Array]]:
+    """GRPO update of `role` ("policy" or "generator") on its samples `[B, S, L]`.
+
+    `prompt`/`prompt_mask` are `[B, P]` (one prompt under all S samples) or `[B, S, P]` (a
+    prompt per sample); `advantages` are `[B, S]` or token-level `[B, S, L]`. Returns the
+    role's new parameters and optimiser state and its metrics, prefixed by the role.
+    """
+    b, s = samples.tokens.shape[:2]
+    rows = b * s
+    if prompt.ndim == 2:
+        prompt, prompt_mask = (jnp.repeat(x, s, axis=0) for x in (prompt, prompt_mask))
+    else:
+        prompt, prompt_mask = (x.reshape(rows, -1) for x in (prompt, prompt_mask))
     tokens = samples.tokens.reshape(rows, -1)
     params, opt_state, metrics = policy_update(
         setup.config, getattr(setup, f"{role}_graph"), getattr(setup, f"{role}_optimizer"),
-        state[role], state[f"{role}_opt"], frozen.get(f"{role}_ref"), prompt, prompt_mask,
+        params, opt_state, ref_params, prompt, prompt_mask,
         tokens, jnp.arange(tokens.shape[1]) < samples.lengths.reshape(rows, 1),
         samples.logprobs.reshape(rows, -1), advantages.reshape(rows, *advantages.shape[2:]),
         getattr(setup.config, f"{role}_beta"))
-    return ({role: params, f"{role}_opt": opt_state},
-            {f"{role}/{k}": v for k, v in last_update_metrics(metrics).items()})
+    return params, opt_state, {f"{role}/{k}": v for k, v in last_update_metrics(metrics).items()}
+
+
+# Stable stage objects: a sub-mesh placement compiles one program per stage object.
+policy_update_stage = functools.partial(role_update_stage, "policy")
+generator_update_stage = functools.partial(role_update_stage, "generator")
+
+
+def update_roles(setup: RoundSetup, run: placement.Placement, state: dict, frozen: dict,
+                 inputs: dict[str, tuple]) -> tuple[dict, dict[str, jax.Array]]:
+    """The round's GRPO updates of the unfrozen roles, generator first; `inputs[role]` is
+    `(prompt, prompt_mask, samples, advantages)` (see `role_update_stage`). Returns the new
+    state (round counter advanced) and the updates' metrics."""
+    new_state = dict(state, round=state["round"] + 1)
+    metrics: dict[str, jax.Array] = {}
+    stages = {"generator": generator_update_stage, "policy": policy_update_stage}
+    for role in ("generator", "policy"):
+        if getattr(setup.config, f"freeze_{role}"):
+            continue
+        params, opt_state, role_metrics = run(
+            role, stages[role], state[role], state[f"{role}_opt"], frozen.get(f"{role}_ref"),
+            *inputs[role], keep=2)
+        new_state.update({role: params, f"{role}_opt": opt_state})
+        metrics.update(role_metrics)
+    return new_state, metrics
 
 
 def write_rubrics(setup: RoundSetup, generator: Decoder, gen_input: tpl.Packed,
@@ -301,14 +328,35 @@ def generator_input(setup: RoundSetup, batch: dict, responses: sampling.SampleRe
         pad_id=setup.pad_id, align="right")
 
 
-class Rollout(NamedTuple):
-    """What one DynamicRubric round produces before any update (also what evaluation reads)."""
+def pick(batch: dict, keys: tuple[str, ...]) -> dict:
+    """The batch entries a stage reads: only those move to its mesh."""
+    return {k: batch[k] for k in keys}
 
-    responses: sampling.SampleResult  # [B, K, Lr]
-    text_len: jax.Array  # [B, K] response lengths without the stop token
-    gen_input: tpl.Packed  # the generator's prompts [B, Lg], left-padded
-    rubrics: sampling.SampleResult  # [B, G, Lrub]
-    parsed: grammar_lib.ParsedRubric
+
+POLICY_KEYS = ("policy_input", "policy_mask", "policy_len")
+QUESTION_KEYS = ("prompt", "prompt_len")
+
+
+def respond_stage(setup: RoundSetup, policy_params: PyTree, batch: dict, rng: jax.Array
+                  ) -> tuple[sampling.SampleResult, jax.Array]:
+    """Stage 1 (policy): K answers per prompt and their lengths without the stop token."""
+    policy = nnx.merge(setup.policy_graph, policy_params)
+    return policy_responses(setup, policy, batch, jax.random.split(rng)[0])
+
+
+def rubric_stage(setup: RoundSetup, generator_params: PyTree, batch: dict,
+                 responses: sampling.SampleResult, text_len: jax.Array, rng: jax.Array
+                 ) -> tuple[tpl.Packed, sampling.SampleResult, grammar_lib.ParsedRubric]:
+    """Stage 2 (generator): it sees the prompt and the whole response set (or, static, the
+    prompt alone) and writes G rubrics, parsed at the token level."""
+    generator = nnx.merge(setup.generator_graph, generator_params)
+    gen_input = generator_input(setup, batch, responses, text_len)
+    return (gen_input, *write_rubrics(setup, generator, gen_input, jax.random.split(rng)[1]))
+
+
+class Judged(NamedTuple):
+    """What the verifier stage of a DynamicRubric round computes."""
+
     verdicts: jax.Array  # [B, K, G, M] (p_yes with soft_verdicts)
     scores: jax.Array  # [B, K, G] rubric scores of the responses
     anchor_scores: jax.Array  # [B, n, G] rubric scores of the anchor answers
@@ -316,22 +364,20 @@ class Rollout(NamedTuple):
     gen_reward: jax.Array  # [B, G]
     gen_parts: dict[str, jax.Array]
     policy_reward: jax.Array  # [B, K]
+    oracle_reward: jax.Array | None  # [B, K] ground truth, when the setup has an oracle
+    generator_advantages: jax.Array  # [B, G]
+    policy_advantages: jax.Array  # [B, K]
+    metrics: dict[str, jax.Array]  # the rollout's scalar summaries
 
 
-def dynamic_rubric_rollout(setup: RoundSetup, state: dict, frozen: dict, batch: dict,
-                           rng: jax.Array) -> Rollout:
-    """Steps 1-4 of the round: responses, rubrics, verdicts, scores and both roles' rewards."""
+def judge_stage(setup: RoundSetup, verifier_params: PyTree, batch: dict,
+                responses: sampling.SampleResult, text_len: jax.Array,
+                rubrics: sampling.SampleResult, parsed: grammar_lib.ParsedRubric) -> Judged:
+    """Stages 3-4 (verifier): every response and every anchor answer judged under every item,
+    then scores, both roles' rewards and their group advantages."""
     cfg = setup.config
-    k_policy, k_generator = jax.random.split(rng)
-    policy, generator, verifier = setup.models(state, frozen)
-    # 1. The policy answers, K times per prompt.
-    responses, text_len = policy_responses(setup, policy, batch, k_policy)
-    # 2. The generator sees the prompt and the whole response set (or, static, the prompt
-    # alone) and writes G rubrics.
-    gen_input = generator_input(setup, batch, responses, text_len)
-    rubrics, parsed = write_rubrics(setup, generator, gen_input, k_generator)
+    verifier = nnx.merge(setup.verifier_graph, verifier_params)
 
-    # 3. The verifier judges every response and every anchor answer under every item.
     def judge(answers, lengths):
         prefix = ver.verifier_prefix(setup.verifier_template, batch["prompt"],
                                      batch["prompt_len"], answers, lengths, pad_id=setup.pad_id)
@@ -343,7 +389,6 @@ def dynamic_rubric_rollout(setup: RoundSetup, state: dict, frozen: dict, batch: 
     verdicts = judge(responses.tokens, text_len)  # [B, K, G, M]
     anchor_verdicts = judge(batch["anchors"], batch["anchor_len"])  # [B, n, G, M]
 
-    # 4. Scores and rewards.
     weights = parsed.weights.astype(jnp.float32)
     scores, _ = dynamic_rubric_score(verdicts, weights[:, None], parsed.valid[:, None])
     anchor_scores, _ = dynamic_rubric_score(anchor_verdicts, weights[:, None],
@@ -354,15 +399,59 @@ def dynamic_rubric_rollout(setup: RoundSetup, state: dict, frozen: dict, batch: 
     group_valid = parts["group_valid"] & parsed.complete
     gen_reward = jnp.where(group_valid, gen_reward, cfg.invalid_rubric_reward)
 
+    oracle = (None if setup.oracle_reward is None
+              else setup.oracle_reward(responses.tokens, text_len, batch))
     if cfg.policy_reward == "oracle":
-        policy_reward = setup.oracle_reward(responses.tokens, text_len, batch)
+        policy_reward = oracle
     elif cfg.policy_score == "best_group":
         best = jnp.argmax(jnp.where(group_valid, gen_reward, -jnp.inf), axis=-1)
         policy_reward = jnp.take_along_axis(scores, best[:, None, None], axis=2)[..., 0]
     else:
         policy_reward = mean_valid_score(scores, group_valid)
-    return Rollout(responses, text_len, gen_input, rubrics, parsed, verdicts, scores,
-                   anchor_scores, group_valid, gen_reward, parts, policy_reward)
+    K = cfg.num_responses
+    valid = parsed.valid[:, None]
+    metrics = {
+        "policy/reward": policy_reward.mean(),
+        "policy/reward_std_in_group": policy_reward.std(-1).mean(),
+        "policy/response_length": responses.lengths.mean(),
+        "policy/truncated": 1.0 - responses.finished.mean(),
+        "generator/reward": gen_reward.mean(),
+        "generator/discriminability": parts["disc"].mean(),
+        "generator/anchor": parts["anchor"].mean(),
+        "rubric/valid_rate": group_valid.mean(),
+        "rubric/items": parsed.valid.sum(-1).mean(),
+        "rubric/tokens": rubrics.lengths.mean(),
+        "verifier/yes_rate": grpo.safe_ratio((verdicts * valid).sum(), valid.sum() * K),
+        "tokens/generated": responses.lengths.sum() + rubrics.lengths.sum(),
+    }
+    return Judged(verdicts, scores, anchor_scores, group_valid, gen_reward, parts, policy_reward,
+                  oracle, grpo.group_advantages(gen_reward, mode=cfg.advantage_mode),
+                  grpo.group_advantages(policy_reward, mode=cfg.advantage_mode), metrics)
+
+
+class Rollout(NamedTuple):
+    """What one DynamicRubric round produces before any update (also what evaluation reads)."""
+
+    responses: sampling.SampleResult  # [B, K, Lr]
+    text_len: jax.Array  # [B, K] response lengths without the stop token
+    gen_input: tpl.Packed  # the generator's prompts [B, Lg], left-padded
+    rubrics: sampling.SampleResult  # [B, G, Lrub]
+    parsed: grammar_lib.ParsedRubric
+    judged: Judged
+
+
+def dynamic_rubric_rollout(setup: RoundSetup, state: dict, frozen: dict, batch: dict,
+                           rng: jax.Array, run: placement.Placement | None = None) -> Rollout:
+    """Steps 1-4 of the round: responses, rubrics, verdicts, scores and both roles' rewards."""
+    run = run or placement.colocated(setup)
+    responses, text_len = run("policy", respond_stage, state["policy"],
+                              pick(batch, POLICY_KEYS), rng)
+    gen_input, rubrics, parsed = run("generator", rubric_stage, state["generator"],
+                                     pick(batch, QUESTION_KEYS), responses, text_len, rng)
+    # The whole batch: an oracle may read any of it.
+    judged = run("verifier", judge_stage, frozen["verifier"], batch, responses, text_len,
+                 rubrics, parsed)
+    return Rollout(responses, text_len, gen_input, rubrics, parsed, judged)
 
 
 def mean_valid_score(scores: jax.Array, group_valid: jax.Array) -> jax.Array:
@@ -371,28 +460,9 @@ def mean_valid_score(scores: jax.Array, group_valid: jax.Array) -> jax.Array:
     return grpo.safe_ratio((scores * weight).sum(-1), weight.sum(-1))
 
 
-def rollout_metrics(setup: RoundSetup, out: Rollout) -> dict[str, jax.Array]:
-    """Scalar summaries of a rollout: rewards, rubric statistics, verifier yes-rate."""
-    K = setup.config.num_responses
-    valid = out.parsed.valid[:, None]
-    return {
-        "policy/reward": out.policy_reward.mean(),
-        "policy/reward_std_in_group": out.policy_reward.std(-1).mean(),
-        "policy/response_length": out.responses.lengths.mean(),
-        "policy/truncated": 1.0 - out.responses.finished.mean(),
-        "generator/reward": out.gen_reward.mean(),
-        "generator/discriminability": out.gen_parts["disc"].mean(),
-        "generator/anchor": out.gen_parts["anchor"].mean(),
-        "rubric/valid_rate": out.group_valid.mean(),
-        "rubric/items": out.parsed.valid.sum(-1).mean(),
-        "rubric/tokens": out.rubrics.lengths.mean(),
-        "verifier/yes_rate": grpo.safe_ratio((out.verdicts * valid).sum(), valid.sum() * K),
-        "tokens/generated": out.responses.lengths.sum() + out.rubrics.lengths.sum(),
-    }
-
-
 def dynamic_rubric_round(setup: RoundSetup, state: dict, frozen: dict, batch: dict,
-                         rng: jax.Array) -> tuple[dict, dict[str, jax.Array]]:
+                         rng: jax.Array, run: placement.Placement | None = None
+                         ) -> tuple[dict, dict[str, jax.Array]]:
     """One DynamicRubric co-evolution round (pure; `make_round_step` jits it).
 
     `batch`: `prompt [B, Lq]` + `prompt_len [B]` (the plain question, spliced into templates);
@@ -400,57 +470,52 @@ def dynamic_rubric_round(setup: RoundSetup, state: dict, frozen: dict, batch: di
     `policy_len`; `anchors [B, n, La]` right-padded reference answers ranked best-first +
     `anchor_len [B, n]` and `anchor_mask [B, n]`.
     `frozen`: `verifier` params, and `policy_ref` / `generator_ref` params when their beta > 0.
+    `run`: where the stages run (`placement`; default: inline, one program under `jax.jit`).
     """
-    cfg = setup.config
-    K, G = cfg.num_responses, cfg.num_rubrics
-    out = dynamic_rubric_rollout(setup, state, frozen, batch, rng)
-    metrics = rollout_metrics(setup, out)
-
-    new_state = dict(state, round=state["round"] + 1)
-    # 5. Generator update on its rubric tokens, advantages within each prompt's G rubrics.
-    if not cfg.freeze_generator:
-        gen_adv = grpo.group_advantages(out.gen_reward, mode=cfg.advantage_mode)
-        updated, role_metrics = update_role(
-            setup, "generator", state, frozen, jnp.repeat(out.gen_input.tokens, G, axis=0),
-            jnp.repeat(out.gen_input.mask, G, axis=0), out.rubrics, gen_adv)
-        new_state.update(updated)
-        metrics.update(role_metrics)
-
-    # 6. Policy update on its responses, rewarded by the rubric scores.
-    if not cfg.freeze_policy:
-        pol_adv = grpo.group_advantages(out.policy_reward, mode=cfg.advantage_mode)
-        updated, role_metrics = update_role(
-            setup, "policy", state, frozen, jnp.repeat(batch["policy_input"], K, axis=0),
-            jnp.repeat(batch["policy_mask"], K, axis=0), out.responses, pol_adv)
-        new_state.update(updated)
-        metrics.update(role_metrics)
-
+    run = run or placement.colocated(setup)
+    out = dynamic_rubric_rollout(setup, state, frozen, batch, rng, run)
+    # 5-6. The generator learns from its rubric tokens (advantages within each prompt's G
+    # rubrics), the policy from its responses, rewarded by the rubric scores.
+    new_state, update_metrics = update_roles(setup, run, state, frozen, {
+        "generator": (out.gen_input.tokens, out.gen_input.mask, out.rubrics,
+                      out.judged.generator_advantages),
+        "policy": (batch["policy_input"], batch["policy_mask"], out.responses,
+                   out.judged.policy_advantages),
+    })
     outputs = {"responses": out.responses.tokens, "response_len": out.text_len,
                "rubrics": out.rubrics.tokens, "rubric_len": out.rubrics.lengths,
-               "scores": out.scores}
-    return new_state, {"scalars": metrics, "outputs": outputs}
+               "scores": out.judged.scores}
+    return new_state, {"scalars": {**out.judged.metrics, **update_metrics}, "outputs": outputs}
 
 
-def dynamic_rubric_evaluation(setup: RoundSetup, state: dict, frozen: dict, batch: dict,
-                              rng: jax.Array) -> dict[str, jax.Array]:
-    """A round's rollout on a held-out batch, no update: the evaluator's Δgap (mean score
-    difference of every better-worse pair of anchor answers under this round's rubrics, the
-    signal the evaluator gives), the rubric scores of the policy's responses and, when the
-    setup has an oracle, the policy's ground-truth quality."""
-    out = dynamic_rubric_rollout(setup, state, frozen, batch, rng)
-    anchors = mean_valid_score(out.anchor_scores, out.group_valid)  # [B, n]
+def evaluation_stage(setup: RoundSetup, batch: dict, judged: Judged) -> dict[str, jax.Array]:
+    """The held-out metrics of a judged rollout (see `dynamic_rubric_evaluation`)."""
+    del setup
+    anchors = mean_valid_score(judged.anchor_scores, judged.group_valid)  # [B, n]
     n = anchors.shape[1]
     better = jnp.arange(n)[:, None] < jnp.arange(n)[None, :]
     listed = batch["anchor_mask"][:, :, None] & batch["anchor_mask"][:, None, :] & better
     gaps = anchors[:, :, None] - anchors[:, None, :]
     metrics = {
         "delta_gap": grpo.safe_ratio((gaps * listed).sum(), listed.sum()),
-        "policy_score": mean_valid_score(out.scores, out.group_valid).mean(),
-        "rubric_valid_rate": out.group_valid.mean(),
+        "policy_score": mean_valid_score(judged.scores, judged.group_valid).mean(),
+        "rubric_valid_rate": judged.group_valid.mean(),
     }
-    if setup.oracle_reward is not None:
-        metrics["quality"] = setup.oracle_reward(out.responses.tokens, out.text_len, batch).mean()
+    if judged.oracle_reward is not None:
+        metrics["quality"] = judged.oracle_reward.mean()
     return metrics
+
+
+def dynamic_rubric_evaluation(setup: RoundSetup, state: dict, frozen: dict, batch: dict,
+                              rng: jax.Array, run: placement.Placement | None = None
+                              ) -> dict[str, jax.Array]:
+    """A round's rollout on a held-out batch, no update: the evaluator's Δgap (mean score
+    difference of every better-worse pair of anchor answers under this round's rubrics, the
+    signal the evaluator gives), the rubric scores of the policy's responses and, when the
+    setup has an oracle, the policy's ground-truth quality."""
+    run = run or placement.colocated(setup)
+    out = dynamic_rubric_rollout(setup, state, frozen, batch, rng, run)
+    return run("verifier", evaluation_stage, pick(batch, ("anchor_mask",)), out.judged)
 
 
 def make_round_step(setup: RoundSetup, frozen: dict[str, PyTree],
@@ -472,6 +537,22 @@ def make_round_step(setup: RoundSetup, frozen: dict[str, PyTree],
             round_step.jitted = compiled["jitted"]  # exposes the compilation cache to tests
         return compiled["jitted"](state, frozen, batch, rng)
 
+    return round_step
+
+
+def make_submesh_round_step(setup: RoundSetup, frozen: dict[str, PyTree],
+                            run: placement.SubMeshes,
+                            round_fn: Callable[..., tuple[dict, dict]] | None = None
+                            ) -> Callable[[dict, dict, jax.Array], tuple[dict, dict]]:
+    """The round with each role on its own sub-mesh: one program per stage (`run`), each
+    role's state donated to its update and kept on its mesh. Same signature and results as
+    `make_round_step`; its metrics live on the meshes that computed them."""
+    round_fn = round_fn or dynamic_rubric_round
+
+    def round_step(state, batch, rng):
+        return round_fn(setup, state, frozen, batch, rng, run)
+
+    round_step.placement = run  # exposes the stages' compilation caches to tests
     return round_step
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import ml_collections
 
 from jaxrubric.coevolve import RoundConfig
+from jaxrubric.placement import ROLES, resolve_submeshes
 from jaxrubric.rubric.templates import STYLES
 
 
@@ -30,6 +31,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.seed = 0
     c.rounds = 1
     c.mesh = ml_collections.ConfigDict({"data": 1, "fsdp": -1, "tensor": 1})
+    # Every role on `mesh` (all empty, the default), or each role on its own devices: a mesh
+    # such as "fsdp=4" or an earlier role's name to share its mesh, e.g. policy "fsdp=4",
+    # generator "policy", verifier "data=-1" (jaxrubric.placement). Then `mesh` is unused.
+    c.submeshes = ml_collections.ConfigDict({"policy": "", "generator": "", "verifier": ""})
     c.tokenizer = ""  # a folder or hub id; empty: the policy checkpoint's tokenizer
     c.chat_template_kwargs = ml_collections.ConfigDict({})
     # attention_chunk > 0: attention over blocks of that many queries (ModelConfig).
@@ -221,6 +226,21 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     except (TypeError, ValueError) as err:
         raise ConfigFileError(f"config.round: {err}") from err
     check_micro_batches(config)
+    check_submeshes(config)
+
+
+def check_submeshes(config: ml_collections.ConfigDict) -> None:
+    """All three sub-meshes given or none; each a mesh or an earlier role (the device count is
+    checked when the meshes are made)."""
+    specs = dict(config.submeshes)
+    if set(specs) != set(ROLES):
+        raise ConfigFileError(f"config.submeshes has {sorted(specs)}, expected {list(ROLES)}")
+    if not any(specs.values()):
+        return
+    try:
+        resolve_submeshes(specs, device_count=None)
+    except ValueError as err:
+        raise ConfigFileError(str(err)) from err
 
 
 def check_micro_batches(config: ml_collections.ConfigDict) -> None:

@@ -23,10 +23,11 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
+from flax import nnx
 
-from jaxrubric import sampling
-from jaxrubric.coevolve import (RoundConfig, RoundSetup, make_round_step, shared_setup_fields,
-                                update_role, write_rubrics)
+from jaxrubric import placement, sampling
+from jaxrubric.coevolve import (QUESTION_KEYS, RoundConfig, RoundSetup, make_round_step, pick,
+                                shared_setup_fields, update_roles, write_rubrics)
 from jaxrubric.models.transformer import Decoder
 from jaxrubric.rewards import genrubric as gr
 from jaxrubric.rl import grpo
@@ -141,48 +142,68 @@ def _valid_std(x: jax.Array, valid: jax.Array) -> jax.Array:
     return jnp.sqrt(grpo.safe_ratio(jnp.where(valid, jnp.square(x - mean), 0.0).sum(-1), n[..., 0]))
 
 
-def genrubric_round(setup: GenRubricSetup, state: dict, frozen: dict, batch: dict,
-                    rng: jax.Array) -> tuple[dict, dict[str, Any]]:
-    """One GenRubric co-evolution round (pure; `make_genrubric_round_step` jits it).
-
-    `batch`: `prompt [B, Lq]` + `prompt_len [B]` (the plain query, spliced into templates);
-    `policy_input`, `policy_mask`, `policy_len` as in the DynamicRubric round (unused here: the
-    policy answers under the induced-response prompt); anchors, if present, are unused.
-    `frozen`: `verifier` params, and `policy_ref` / `generator_ref` params when their beta > 0.
-    Malformed groups get reward 0 (DESIGN.md), not `config.invalid_rubric_reward`.
-    """
-    cfg = setup.config
-    k_generator, k_policy = jax.random.split(rng)
-    policy, generator, verifier = setup.models(state, frozen)
-    batch_size = batch["prompt"].shape[0]
-    G, N = cfg.num_rubrics, cfg.response_tokens
-    rows = batch_size * G
-
-    # 1. The generator writes G rubric groups from the query alone (signed weights).
+def genrubric_write_stage(setup: GenRubricSetup, generator_params: PyTree, batch: dict,
+                          rng: jax.Array
+                          ) -> tuple[tpl.Packed, sampling.SampleResult, grammar_lib.ParsedRubric]:
+    """Stages 1-2 (generator): G rubric groups per query from the query alone (signed
+    weights), parsed at the token level."""
+    generator = nnx.merge(setup.generator_graph, generator_params)
     gen_input = tpl.assemble(setup.generator_template, [batch["prompt"]], [batch["prompt_len"]],
                              pad_id=setup.pad_id, align="right")
-    # 2. ... parsed at the token level.
-    rubrics, parsed = write_rubrics(setup, generator, gen_input, k_generator)
-    item_valid = parsed.valid & parsed.complete[..., None]
+    return (gen_input, *write_rubrics(setup, generator, gen_input, jax.random.split(rng)[0]))
 
-    # 3. Rubric g induces one response: the policy answers the query while shown rubric g
-    # (its tokens without the end token).
+
+class Induced(NamedTuple):
+    """The rubric-induced responses: one per group, after its own prompt."""
+
+    prompt: tpl.Packed  # [B, G, Lind] left-padded: the query shown with rubric g
+    responses: sampling.SampleResult  # [B, G, N]
+    text_len: jax.Array  # [B, G] without the stop token
+
+
+def induce_stage(setup: GenRubricSetup, policy_params: PyTree, batch: dict,
+                 rubrics: sampling.SampleResult, rng: jax.Array) -> Induced:
+    """Stage 3 (policy): rubric g induces one response, the policy answering the query while
+    shown rubric g (its tokens without the end token)."""
+    cfg = setup.config
+    policy = nnx.merge(setup.policy_graph, policy_params)
+    batch_size, G = rubrics.tokens.shape[:2]
+    rows = batch_size * G
     slots = {"rubric": (rubrics.tokens, rubrics.lengths - rubrics.finished.astype(jnp.int32)),
              "prompt": (batch["prompt"][:, None], batch["prompt_len"][:, None])}
     induced = tpl.assemble(setup.induced_template,
                            [slots[s][0] for s in setup.induced_template.slots],
                            [slots[s][1] for s in setup.induced_template.slots],
-                           pad_id=setup.pad_id, align="right")  # [B, G, Lind], left-padded
-    induced_tokens = induced.tokens.reshape(rows, -1)
-    induced_mask = induced.mask.reshape(rows, -1)
+                           pad_id=setup.pad_id, align="right")
     sampled = sampling.sample(
-        policy, induced_tokens, induced_mask, induced.lengths.reshape(rows), k_policy,
-        num_samples=1, max_new_tokens=N, temperature=cfg.policy_temperature, top_p=cfg.top_p,
+        policy, induced.tokens.reshape(rows, -1), induced.mask.reshape(rows, -1),
+        induced.lengths.reshape(rows), jax.random.split(rng)[1], num_samples=1,
+        max_new_tokens=cfg.response_tokens, temperature=cfg.policy_temperature, top_p=cfg.top_p,
         stop_token_ids=setup.stop_token_ids, micro_batches=cfg.rollout_micro_batches)
     responses = jax.tree.map(lambda x: x.reshape(batch_size, G, *x.shape[2:]), sampled)
-    text_len = responses.lengths - responses.finished.astype(jnp.int32)  # without the stop
+    return Induced(induced, responses,
+                   responses.lengths - responses.finished.astype(jnp.int32))
 
-    # 4. Every induced response under every group, one verifier call: [B, G_resp, G_rub, M].
+
+class GenRubricJudged(NamedTuple):
+    """What the verifier stage of a GenRubric round computes."""
+
+    credit: GeneratorCredit
+    policy_reward: jax.Array  # [B, G] of the induced responses
+    policy_advantages: jax.Array  # [B, G]
+    metrics: dict[str, jax.Array]  # the rollout's scalar summaries
+
+
+def genrubric_judge_stage(setup: GenRubricSetup, verifier_params: PyTree, batch: dict,
+                          rubrics: sampling.SampleResult, parsed: grammar_lib.ParsedRubric,
+                          induced: Induced) -> GenRubricJudged:
+    """Stages 4-5 (verifier): every induced response under every group in one verifier call
+    `[B, G_resp, G_rub, M]`; rewards and token-level credit for the generator, cross-rubric
+    rewards and advantages for the policy."""
+    cfg = setup.config
+    verifier = nnx.merge(setup.verifier_graph, verifier_params)
+    responses, text_len = induced.responses, induced.text_len
+    item_valid = parsed.valid & parsed.complete[..., None]
     prefix = ver.verifier_prefix(setup.verifier_template, batch["prompt"], batch["prompt_len"],
                                  responses.tokens, text_len, pad_id=setup.pad_id)
     judged = ver.verify(verifier, setup.readout, prefix.tokens, prefix.lengths, parsed.items,
@@ -190,7 +211,6 @@ def genrubric_round(setup: GenRubricSetup, state: dict, frozen: dict, batch: dic
                         micro_batches=cfg.rollout_micro_batches)
     verdicts = judged.p_yes if cfg.soft_verdicts else judged.verdicts.astype(jnp.float32)
 
-    # 5. Rewards and token-level credit for the generator, cross-rubric rewards for the policy.
     credit = generator_credit(parsed, verdicts, soft=cfg.soft_verdicts,
                               advantage_mode=cfg.advantage_mode)
     group_valid = credit.group_valid
@@ -221,31 +241,44 @@ def genrubric_round(setup: GenRubricSetup, state: dict, frozen: dict, batch: dic
         "verifier/yes_rate": _valid_mean(
             verdicts, jnp.broadcast_to(item_valid[:, None], verdicts.shape)),
     }
+    advantages = grpo.group_advantages(policy_reward, mode=cfg.advantage_mode, valid=policy_valid)
+    return GenRubricJudged(credit, policy_reward, advantages, metrics)
 
-    new_state = dict(state, round=state["round"] + 1)
-    # 6. Generator update on its rubric tokens with token-level advantages [B*G, Lrub].
-    if not cfg.freeze_generator:
-        updated, role_metrics = update_role(
-            setup, "generator", state, frozen, jnp.repeat(gen_input.tokens, G, axis=0),
-            jnp.repeat(gen_input.mask, G, axis=0), rubrics, credit.token_advantages)
-        new_state.update(updated)
-        metrics.update(role_metrics)
 
-    # 7. Policy update on the induced responses, advantages over the G responses of a query.
-    if not cfg.freeze_policy:
-        pol_adv = grpo.group_advantages(policy_reward, mode=cfg.advantage_mode,
-                                        valid=policy_valid)
-        updated, role_metrics = update_role(setup, "policy", state, frozen, induced_tokens,
-                                            induced_mask, responses, pol_adv)
-        new_state.update(updated)
-        metrics.update(role_metrics)
+def genrubric_round(setup: GenRubricSetup, state: dict, frozen: dict, batch: dict,
+                    rng: jax.Array, run: placement.Placement | None = None
+                    ) -> tuple[dict, dict[str, Any]]:
+    """One GenRubric co-evolution round (pure; `make_genrubric_round_step` jits it).
 
-    outputs = {"responses": responses.tokens, "response_len": text_len,
+    `batch`: `prompt [B, Lq]` + `prompt_len [B]` (the plain query, spliced into templates);
+    `policy_input`, `policy_mask`, `policy_len` as in the DynamicRubric round (unused here: the
+    policy answers under the induced-response prompt); anchors, if present, are unused.
+    `frozen`: `verifier` params, and `policy_ref` / `generator_ref` params when their beta > 0.
+    `run`: where the stages run (`placement`; default: inline, one program under `jax.jit`).
+    Malformed groups get reward 0 (DESIGN.md), not `config.invalid_rubric_reward`.
+    """
+    run = run or placement.colocated(setup)
+    question = pick(batch, QUESTION_KEYS)
+    gen_input, rubrics, parsed = run("generator", genrubric_write_stage, state["generator"],
+                                     question, rng)
+    induced = run("policy", induce_stage, state["policy"], question, rubrics, rng)
+    judged = run("verifier", genrubric_judge_stage, frozen["verifier"], question, rubrics, parsed,
+                 induced)
+    # 6-7. The generator learns from its rubric tokens with token-level advantages; the policy
+    # from the induced responses, advantages over the G responses of a query.
+    new_state, update_metrics = update_roles(setup, run, state, frozen, {
+        "generator": (gen_input.tokens, gen_input.mask, rubrics,
+                      judged.credit.token_advantages),
+        "policy": (induced.prompt.tokens, induced.prompt.mask, induced.responses,
+                   judged.policy_advantages),
+    })
+    credit = judged.credit
+    outputs = {"responses": induced.responses.tokens, "response_len": induced.text_len,
                "rubrics": rubrics.tokens, "rubric_len": rubrics.lengths,
-               "rubric_weights": parsed.weights, "rubric_valid": item_valid,
-               "group_valid": group_valid, "scores": credit.scores,
-               "generator_reward": credit.sequence_reward, "policy_reward": policy_reward}
-    return new_state, {"scalars": metrics, "outputs": outputs}
+               "rubric_weights": parsed.weights, "rubric_valid": credit.item_valid,
+               "group_valid": credit.group_valid, "scores": credit.scores,
+               "generator_reward": credit.sequence_reward, "policy_reward": judged.policy_reward}
+    return new_state, {"scalars": {**judged.metrics, **update_metrics}, "outputs": outputs}
 
 
 def make_genrubric_round_step(setup: GenRubricSetup, frozen: dict[str, PyTree]

@@ -3,6 +3,7 @@ run by the generic host loop (`train_loop.run_training`)."""
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ import optax
 from flax import nnx
 
 import jaxrubric
-from jaxrubric import coevolve, flops
+from jaxrubric import coevolve, flops, placement
 from jaxrubric import sharding as shd
 from jaxrubric.config import load_config, round_config
 from jaxrubric.data import load_anchors, prompt_text
@@ -70,12 +71,21 @@ class CoevolveTask:
 
     def __init__(self, config: ml_collections.ConfigDict):
         self.config = config
-        self.mesh = shd.make_mesh(dict(config.mesh))
-        ways = shd.batch_ways(self.mesh)
-        if config.data.batch_size % ways:
-            raise ValueError(
-                f"config.data.batch_size={config.data.batch_size} must be a multiple of the "
-                f"{ways} ways the mesh {dict(self.mesh.shape)} splits the batch")
+        if any(config.submeshes.values()):
+            self.meshes = placement.make_submeshes(dict(config.submeshes))
+        else:
+            self.meshes = dict.fromkeys(placement.ROLES, shd.make_mesh(dict(config.mesh)))
+        self.colocated = len({id(m) for m in self.meshes.values()}) == 1
+        # Batches are placed on the policy's mesh; a stage on another mesh moves what it reads.
+        self.mesh = self.meshes["policy"]
+        for role, mesh in self.meshes.items():
+            ways = shd.batch_ways(mesh)
+            for key in ("batch_size", "eval_batch_size") if config.data.eval else ("batch_size",):
+                size = config.data[key] or config.data.batch_size
+                if size % ways:
+                    raise ValueError(
+                        f"config.data.{key}={size} must be a multiple of the {ways} ways the "
+                        f"{role}'s mesh {dict(mesh.shape)} splits the batch")
         tokenizer_path = config.tokenizer or config.policy.path
         self.tokenizer = jaxrubric.load_tokenizer(tokenizer_path)
         loaded = load_anchors(config.data.train, skip_bad_rows=config.data.skip_bad_rows)
@@ -90,14 +100,11 @@ class CoevolveTask:
             if len(self.eval_records) < size:
                 raise ValueError(f"{config.data.eval}: {len(self.eval_records)} rows, the "
                                  f"held-out batch needs {size}")
-            if size % ways:
-                raise ValueError(f"config.data.eval_batch_size={size} must be a multiple of "
-                                 f"the {ways} ways the mesh splits the batch")
             self.eval_records = self.eval_records[:size]
         if config.oracle and config.oracle not in ORACLES:
             raise ValueError(f"config.oracle {config.oracle!r} is not one of {sorted(ORACLES)}")
-        models = {role: _role_model(config[role], len(self.tokenizer), self.tokenizer, self.mesh)
-                  for role in ("policy", "generator", "verifier")}
+        models = {role: _role_model(config[role], len(self.tokenizer), self.tokenizer,
+                                    self.meshes[role]) for role in placement.ROLES}
         rc = round_config(config)
         build, round_fn = _METHODS[config.method]
         oracle = {"oracle_reward": ORACLES[config.oracle]} if config.oracle else {}
@@ -123,12 +130,18 @@ class CoevolveTask:
                          "policy_input": (d.batch_size, d.policy_tokens),
                          "anchors": (d.batch_size, d.num_anchors, d.anchor_tokens)},
             **{role: models[role].config for role in ("policy", "generator", "verifier")})
-        self._round = coevolve.make_round_step(self.setup, frozen, round_fn)
         self._evaluate = None
+        if self.colocated:
+            self._round = coevolve.make_round_step(self.setup, frozen, round_fn)
+            evaluate = jax.jit(lambda state, frozen, batch, rng: (
+                coevolve.dynamic_rubric_evaluation(self.setup, state, frozen, batch, rng)))
+        else:
+            run = placement.SubMeshes(self.setup, self.meshes)
+            self._round = coevolve.make_submesh_round_step(self.setup, frozen, run, round_fn)
+            evaluate = functools.partial(coevolve.dynamic_rubric_evaluation, self.setup, run=run)
         if self.eval_records and config.method == "dynamic_rubric":
             self._eval_batch = self._encode(self.eval_records)
-            self._evaluate = jax.jit(lambda state, frozen, batch, rng: (
-                coevolve.dynamic_rubric_evaluation(self.setup, state, frozen, batch, rng)))
+            self._evaluate = evaluate
 
     # -------------------------------------------------------------- train_loop.Task
     def init_state(self, rng: jax.Array):

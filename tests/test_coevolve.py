@@ -88,5 +88,5 @@ def test_static_rubrics_and_the_oracle_reward(mesh):
         setup.config, policy_reward="oracle"), oracle_reward=oracle)
     out = jax.jit(lambda s, f, b, r: coevolve.dynamic_rubric_rollout(setup, s, f, b, r))(
         state, frozen, batch, jax.random.key(0))
-    np.testing.assert_array_equal(np.asarray(out.policy_reward), np.asarray(out.text_len))
+    np.testing.assert_array_equal(np.asarray(out.judged.policy_reward), np.asarray(out.text_len))
     assert out.rubrics.tokens.shape[:2] == (batch["prompt"].shape[0], 2)

@@ -1,19 +1,15 @@
 """Micro-batched rollouts and updates give what the whole batch gives: the row split, sampling,
-verification, a whole round (with chunked attention too), and the config checks."""
-
-import dataclasses
+verification and the config checks. A whole micro-batched round (with chunked attention too)
+is checked against the plain round in tests/test_placement.py."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from flax import nnx
-from tokenizer_fixtures import byte_level_bpe
 
 import jaxrubric
-from jaxrubric import coevolve, microbatch, sampling
-from jaxrubric import sharding as shd
+from jaxrubric import microbatch, sampling
 from jaxrubric.config import ConfigFileError, load_config
 from jaxrubric.rubric import verifier as ver
 
@@ -78,51 +74,6 @@ def test_micro_batched_verification_gives_the_same_verdicts(model):
     got = judge(model, 2)
     np.testing.assert_allclose(got.p_yes, want.p_yes, atol=1e-6)
     np.testing.assert_array_equal(got.verdicts, want.verdicts)
-
-
-def _round(config: coevolve.RoundConfig, attention_chunk: int):
-    """One tiny DynamicRubric round on a 2-way data mesh: the new state and the outputs."""
-    tok = byte_level_bpe()
-    mesh = shd.make_mesh({"data": 2}, devices=jax.devices()[:2])
-    cfg = jaxrubric.tiny_config("qwen3", vocab_size=len(tok), eos_token_ids=(tok.eos_token_id,),
-                                pad_token_id=tok.pad_token_id, attention_chunk=attention_chunk)
-    policy, generator, verifier = (shd.shard_model(jaxrubric.init_model(cfg, seed=s), mesh)
-                                   for s in (1, 2, 3))
-    setup = coevolve.build_setup(config, tok, policy, generator, verifier, max_items=3,
-                                 max_item_tokens=6, policy_optimizer=optax.sgd(0.5),
-                                 generator_optimizer=optax.sgd(0.5))
-    state = coevolve.init_state(setup, policy, generator)
-    frozen = {"verifier": nnx.state(verifier, nnx.Param),
-              **{f"{role}_ref": jax.tree.map(lambda p: p * 1.01, state[role])
-                 for role in ("policy", "generator")}}
-    batch = coevolve.encode_batch(tok, ["Sort the digits 3 1 2.", "Reverse the word cat."],
-                                  [["1 2 3", "1 3 2", "3 2 1"], ["tac", "act"]],
-                                  prompt_tokens=16, policy_tokens=32, anchor_tokens=8,
-                                  num_anchors=3)
-    batch = {k: jax.device_put(v, shd.batch_sharding(mesh, v.ndim)) for k, v in batch.items()}
-    new_state, out = coevolve.make_round_step(setup, frozen)(state, batch, jax.random.key(0))
-    return jax.device_get((new_state, out))
-
-
-@pytest.mark.slow
-def test_micro_batched_chunked_round_equals_the_whole_batch():
-    """Rollouts and updates over 2 micro-batches, attention over blocks of 8 queries: the same
-    responses, rubrics, scores, metrics and updated weights as the round without either."""
-    config = coevolve.RoundConfig(num_responses=4, num_rubrics=2, response_tokens=8,
-                                  logprob_chunk=8, soft_verdicts=True)
-    want_state, want = _round(config, 0)
-    got_state, got = _round(dataclasses.replace(config, update_micro_batches=2,
-                                                rollout_micro_batches=2), 8)
-    for name in ("responses", "response_len", "rubrics", "rubric_len"):
-        np.testing.assert_array_equal(got["outputs"][name], want["outputs"][name], name)
-    np.testing.assert_allclose(got["outputs"]["scores"], want["outputs"]["scores"], atol=1e-5)
-    for name, value in want["scalars"].items():
-        np.testing.assert_allclose(got["scalars"][name], value, rtol=1e-4, atol=1e-5,
-                                   err_msg=name)
-    assert want["scalars"]["policy/grad_norm"] > 0 and want["scalars"]["generator/grad_norm"] > 0
-    for role in ("policy", "generator"):
-        for a, b in zip(jax.tree.leaves(want_state[role]), jax.tree.leaves(got_state[role])):
-            np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6, err_msg=role)
 
 
 @pytest.mark.parametrize("override, message", [

@@ -1,0 +1,189 @@
+"""Where a round's stages run: every role on one mesh, or each role on a sub-mesh of its own.
+
+A round is written once, as a sequence of stages (`run(role, stage, *args)`: the policy
+samples, the generator writes rubrics, the verifier judges, each trained role updates).
+
+- `colocated`: every role on one mesh. A stage is a plain call, so the round traced under
+  `jax.jit` is one compiled program (`coevolve.make_round_step`).
+- `SubMeshes`: each role's weights live on its own devices, so a chip never holds the verifier
+  next to the policy's optimiser state. Each stage is a program of its own on its role's mesh;
+  its inputs move there first (`jax.device_put`). Dispatch is asynchronous, so stages that do
+  not wait on each other (the two roles' updates) run at the same time on their devices.
+
+The devices of a `SubMeshes` placement must belong to one process: moving arrays between
+meshes spread over hosts is left to a later change.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jaxrubric import sharding as shd
+
+ROLES = ("policy", "generator", "verifier")
+
+
+class Placement(Protocol):
+    def __call__(self, role: str, stage: Callable[..., Any], *args: Any, keep: int = 0) -> Any:
+        """`stage(setup, *args)` run where `role`'s weights are.
+
+        `keep=n`: the stage returns `(*updated, metrics)` where `updated[i]` replaces `args[i]`
+        for i < n (a role's parameters and optimiser state): those arguments are donated and the
+        results keep their shardings; the metrics come back replicated.
+        """
+
+
+def colocated(setup: Any) -> Placement:
+    """Every stage inline: the caller's `jax.jit` compiles the whole round as one program."""
+
+    def run(role: str, stage: Callable[..., Any], *args: Any, keep: int = 0) -> Any:
+        del role, keep
+        return stage(setup, *args)
+
+    return run
+
+
+class SubMeshes:
+    """Each role's stages as programs of their own on that role's mesh (see module doc)."""
+
+    def __init__(self, setup: Any, meshes: Mapping[str, Mesh]):
+        missing = set(ROLES) - set(meshes)
+        if missing:
+            raise ValueError(f"sub-meshes: no mesh for {sorted(missing)}")
+        self.setup = setup
+        self.meshes = dict(meshes)
+        self._programs: dict[tuple, Callable[..., Any]] = {}
+
+    def __call__(self, role: str, stage: Callable[..., Any], *args: Any, keep: int = 0) -> Any:
+        mesh = self.meshes[role]
+        args = tuple(to_mesh(a, mesh) for a in args)
+        key = (role, stage, keep)
+        if key not in self._programs:
+            out_shardings = None
+            if keep:
+                replicated = NamedSharding(mesh, PartitionSpec())
+                out_shardings = (*(jax.tree.map(lambda x: x.sharding, a) for a in args[:keep]),
+                                 replicated)
+            setup = self.setup
+            self._programs[key] = jax.jit(lambda *a: stage(setup, *a),
+                                          donate_argnums=tuple(range(keep)),
+                                          out_shardings=out_shardings)
+        return self._programs[key](*args)
+
+    def compiled_programs(self) -> int:
+        """How many programs the stages have compiled (one per stage and input shape)."""
+        return sum(p._cache_size() for p in self._programs.values())
+
+
+def to_mesh(tree: Any, mesh: Mesh) -> Any:
+    """`tree`'s arrays on `mesh`: those already there stay as they are; others are split over
+    the batch axes when their leading dimension allows, else replicated."""
+    devices = set(mesh.devices.flat)
+    ways = shd.batch_ways(mesh)
+
+    def move(x: Any) -> Any:
+        if not isinstance(x, jax.Array) or x.sharding.device_set == devices:
+            return x
+        if x.ndim and x.shape[0] % ways == 0:
+            return jax.device_put(x, shd.batch_sharding(mesh, x.ndim))
+        return jax.device_put(x, NamedSharding(mesh, PartitionSpec()))
+
+    return jax.tree.map(move, tree)
+
+
+def parse_mesh_spec(text: str) -> dict[str, int]:
+    """`"data=2,fsdp=-1"` -> `{"data": 2, "fsdp": -1}` (axes left out have size 1)."""
+    sizes: dict[str, int] = {}
+    for part in text.split(","):
+        name, sep, size = part.strip().partition("=")
+        name = name.strip()
+        if not sep or name not in shd.MESH_AXES:
+            raise ValueError(f"mesh {text!r}: expected comma-separated AXIS=SIZE with AXIS in "
+                             f"{shd.MESH_AXES}")
+        if name in sizes:
+            raise ValueError(f"mesh {text!r}: axis {name!r} given twice")
+        try:
+            sizes[name] = int(size)
+        except ValueError:
+            raise ValueError(f"mesh {text!r}: size {size.strip()!r} of {name!r} is not an "
+                             "integer") from None
+    return sizes
+
+
+def resolve_submeshes(specs: Mapping[str, str], device_count: int | None
+                      ) -> dict[str, tuple[dict[str, int], str]]:
+    """Per-role mesh shapes from `specs` (`config.submeshes`), -1 axes filled in.
+
+    Each role's entry is a mesh (`"fsdp=4"`) or the name of an earlier role whose mesh it
+    shares. Distinct meshes take disjoint devices, in role order, and together all of them; at
+    most one mesh may have a -1 axis ("the devices the others leave"). Returns
+    `{role: (shape, owner)}`, `owner` being the first role on that mesh. `device_count=None`
+    checks the specs alone (a -1 stays -1).
+    """
+    owners: dict[str, str] = {}
+    shapes: dict[str, dict[str, int]] = {}
+    for role in ROLES:
+        spec = specs.get(role, "").strip()
+        if not spec:
+            raise ValueError(f"config.submeshes.{role} is empty: give every role a mesh (or an "
+                             "earlier role's name), or leave all three empty to colocate")
+        if spec in ROLES:
+            if spec not in owners:
+                raise ValueError(f"config.submeshes.{role}={spec!r}: only an earlier role's mesh "
+                                 f"can be shared ({list(owners) or 'none yet'})")
+            owners[role] = owners[spec]
+            continue
+        try:
+            shape = {a: parse_mesh_spec(spec).get(a, 1) for a in shd.MESH_AXES}
+        except ValueError as err:
+            raise ValueError(f"config.submeshes.{role}: {err}") from None
+        if any(s == 0 or s < -1 for s in shape.values()) or list(shape.values()).count(-1) > 1:
+            raise ValueError(f"config.submeshes.{role}={spec!r}: sizes must be positive, with "
+                             "at most one -1")
+        owners[role] = role
+        shapes[role] = shape
+    open_ended = [r for r, s in shapes.items() if -1 in s.values()]
+    if len(open_ended) > 1:
+        raise ValueError(f"config.submeshes: only one mesh may have a -1 axis, {open_ended} do")
+    if device_count is None:
+        return {role: (shapes[owners[role]], owners[role]) for role in ROLES}
+    fixed = sum(math.prod(s.values()) for r, s in shapes.items() if r not in open_ended)
+    if open_ended:
+        shape = shapes[open_ended[0]]
+        known = -math.prod(shape.values())
+        left = device_count - fixed
+        if left <= 0 or left % known:
+            raise ValueError(f"config.submeshes: {left} devices are left for "
+                             f"{open_ended[0]}'s mesh {shape}, not a positive multiple of {known}")
+        shape[next(a for a, s in shape.items() if s == -1)] = left // known
+    used = sum(math.prod(s.values()) for s in shapes.values())
+    if used != device_count:
+        raise ValueError(f"config.submeshes: the meshes {shapes} cover {used} devices, there are "
+                         f"{device_count}")
+    return {role: (shapes[owners[role]], owners[role]) for role in ROLES}
+
+
+def make_submeshes(specs: Mapping[str, str], devices: Sequence[jax.Device] | None = None
+                   ) -> dict[str, Mesh]:
+    """The role meshes of `specs` (see `resolve_submeshes`) over `devices` (default: all), each
+    distinct mesh on the next devices in order."""
+    devices = list(jax.devices() if devices is None else devices)
+    if len({d.process_index for d in devices}) > 1:
+        raise ValueError("config.submeshes: sub-meshes over several processes are not supported "
+                         "yet; colocate the roles (config.mesh) on a multi-host slice")
+    resolved = resolve_submeshes(specs, len(devices))
+    meshes: dict[str, Mesh] = {}
+    start = 0
+    for role, (shape, owner) in resolved.items():
+        if owner != role:
+            meshes[role] = meshes[owner]
+            continue
+        size = math.prod(shape.values())
+        meshes[role] = shd.make_mesh(shape, devices[start:start + size])
+        start += size
+    return meshes
