@@ -51,8 +51,17 @@ def _role_model(role: ml_collections.ConfigDict, vocab_size: int, tokenizer: Any
     return shd.shard_model(jaxrubric.init_model(cfg, seed=role.seed), mesh)
 
 
-def _copy_params(model: Decoder):
-    return jax.tree.map(lambda x: x.copy(), nnx.state(model, nnx.Param))
+def reference_params(model: Decoder) -> nnx.State:
+    """A frozen copy of `model`'s parameters for the KL term, in its compute dtype.
+
+    The forward casts every weight to the compute dtype before using it, so a reference stored
+    in that dtype gives the same log-probs bit for bit; with fp32 master weights and bf16
+    compute (the 8B recipes) it takes half the memory.
+    """
+    compute = jax.numpy.dtype(model.config.dtype)
+    return jax.tree.map(
+        lambda x: x.astype(compute) if compute.itemsize < x.dtype.itemsize else x.copy(),
+        nnx.state(model, nnx.Param))
 
 
 # config.method -> (setup builder, round function)
@@ -119,9 +128,9 @@ class CoevolveTask:
             template_style=config.rubric.template_style, **oracle)
         frozen = {"verifier": nnx.state(models["verifier"], nnx.Param)}
         if rc.policy_beta > 0:
-            frozen["policy_ref"] = _copy_params(models["policy"])
+            frozen["policy_ref"] = reference_params(models["policy"])
         if rc.generator_beta > 0:
-            frozen["generator_ref"] = _copy_params(models["generator"])
+            frozen["generator_ref"] = reference_params(models["generator"])
         self.models = models
         self.frozen = frozen
         d = config.data

@@ -90,3 +90,23 @@ def test_static_rubrics_and_the_oracle_reward(mesh):
         state, frozen, batch, jax.random.key(0))
     np.testing.assert_array_equal(np.asarray(out.judged.policy_reward), np.asarray(out.text_len))
     assert out.rubrics.tokens.shape[:2] == (batch["prompt"].shape[0], 2)
+
+
+@pytest.mark.parametrize("dtype, param_dtype, stored", [
+    ("bfloat16", "float32", "bfloat16"), ("float32", "bfloat16", "bfloat16"),
+    ("float32", "float32", "float32")])
+def test_reference_is_stored_in_the_compute_dtype_and_gives_the_same_logits(
+        dtype, param_dtype, stored):
+    """The forward casts weights to the compute dtype first, so a reference kept in it (never
+    wider than the weights) computes exactly what the model does."""
+    from flax import nnx
+
+    from jaxrubric.train import reference_params
+
+    cfg = jaxrubric.tiny_config("qwen3", dtype=dtype, param_dtype=param_dtype)
+    model = jaxrubric.init_model(cfg, seed=4)
+    reference = reference_params(model)
+    assert {x.dtype for x in jax.tree.leaves(reference)} == {jnp.dtype(stored)}
+    tokens = jnp.asarray(np.random.default_rng(0).integers(3, 250, (2, 7)))
+    np.testing.assert_array_equal(nnx.merge(nnx.graphdef(model), reference)(tokens),
+                                  model(tokens))
