@@ -17,6 +17,7 @@ meshes spread over hosts is left to a later change.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -64,15 +65,7 @@ class SubMeshes:
         args = tuple(to_mesh(a, mesh) for a in args)
         key = (role, stage, keep)
         if key not in self._programs:
-            out_shardings = None
-            if keep:
-                replicated = NamedSharding(mesh, PartitionSpec())
-                out_shardings = (*(jax.tree.map(lambda x: x.sharding, a) for a in args[:keep]),
-                                 replicated)
-            setup = self.setup
-            self._programs[key] = jax.jit(lambda *a: stage(setup, *a),
-                                          donate_argnums=tuple(range(keep)),
-                                          out_shardings=out_shardings)
+            self._programs[key] = stage_program(self.setup, stage, mesh, args, keep)
         return self._programs[key](*args)
 
     def compiled_programs(self) -> int:
@@ -80,39 +73,52 @@ class SubMeshes:
         return sum(p._cache_size() for p in self._programs.values())
 
 
+def stage_program(setup: Any, stage: Callable[..., Any], mesh: Mesh, args: Sequence[Any],
+                  keep: int) -> Callable[..., Any]:
+    """The jitted program of `stage` on `mesh` for `args` already placed there (concrete or
+    abstract): the first `keep` arguments donated and their replacements pinned to their
+    shardings, the metrics replicated (see `Placement`)."""
+    out_shardings = None
+    if keep:
+        out_shardings = (*(jax.tree.map(lambda x: x.sharding, a) for a in args[:keep]),
+                         NamedSharding(mesh, PartitionSpec()))
+    return jax.jit(lambda *a: stage(setup, *a), donate_argnums=tuple(range(keep)),
+                   out_shardings=out_shardings)
+
+
+def destination(x: jax.Array | jax.ShapeDtypeStruct, mesh: Mesh) -> NamedSharding | None:
+    """Where a stage on `mesh` takes array `x` (or its abstract value): None when it is already
+    there; else split over the batch axes when its leading dimension allows, else replicated."""
+    if x.sharding.device_set == set(mesh.devices.flat):
+        return None
+    if x.ndim and x.shape[0] % shd.batch_ways(mesh) == 0:
+        return shd.batch_sharding(mesh, x.ndim)
+    return NamedSharding(mesh, PartitionSpec())
+
+
 def to_mesh(tree: Any, mesh: Mesh) -> Any:
-    """`tree`'s arrays on `mesh`: those already there stay as they are; others are split over
-    the batch axes when their leading dimension allows, else replicated."""
-    devices = set(mesh.devices.flat)
-    ways = shd.batch_ways(mesh)
+    """`tree`'s arrays moved to where a stage on `mesh` takes them (`destination`)."""
 
     def move(x: Any) -> Any:
-        if not isinstance(x, jax.Array) or x.sharding.device_set == devices:
-            return x
-        if x.ndim and x.shape[0] % ways == 0:
-            return jax.device_put(x, shd.batch_sharding(mesh, x.ndim))
-        return jax.device_put(x, NamedSharding(mesh, PartitionSpec()))
+        target = destination(x, mesh) if isinstance(x, jax.Array) else None
+        return x if target is None else jax.device_put(x, target)
 
     return jax.tree.map(move, tree)
 
 
 def parse_mesh_spec(text: str) -> dict[str, int]:
-    """`"data=2,fsdp=-1"` -> `{"data": 2, "fsdp": -1}` (axes left out have size 1)."""
+    """`"data=2,fsdp=-1"` -> a size for every mesh axis (those left out are 1)."""
     sizes: dict[str, int] = {}
     for part in text.split(","):
         name, sep, size = part.strip().partition("=")
-        name = name.strip()
-        if not sep or name not in shd.MESH_AXES:
+        if not sep or name not in shd.MESH_AXES or not re.fullmatch(r"-1|[1-9]\d*", size.strip()):
             raise ValueError(f"mesh {text!r}: expected comma-separated AXIS=SIZE with AXIS in "
-                             f"{shd.MESH_AXES}")
+                             f"{shd.MESH_AXES} and SIZE a positive integer (or -1), e.g. "
+                             "'data=1,fsdp=4,tensor=1'")
         if name in sizes:
             raise ValueError(f"mesh {text!r}: axis {name!r} given twice")
-        try:
-            sizes[name] = int(size)
-        except ValueError:
-            raise ValueError(f"mesh {text!r}: size {size.strip()!r} of {name!r} is not an "
-                             "integer") from None
-    return sizes
+        sizes[name] = int(size)
+    return {axis: sizes.get(axis, 1) for axis in shd.MESH_AXES}
 
 
 def resolve_submeshes(specs: Mapping[str, str], device_count: int | None
@@ -139,12 +145,11 @@ def resolve_submeshes(specs: Mapping[str, str], device_count: int | None
             owners[role] = owners[spec]
             continue
         try:
-            shape = {a: parse_mesh_spec(spec).get(a, 1) for a in shd.MESH_AXES}
+            shape = parse_mesh_spec(spec)
         except ValueError as err:
             raise ValueError(f"config.submeshes.{role}: {err}") from None
-        if any(s == 0 or s < -1 for s in shape.values()) or list(shape.values()).count(-1) > 1:
-            raise ValueError(f"config.submeshes.{role}={spec!r}: sizes must be positive, with "
-                             "at most one -1")
+        if list(shape.values()).count(-1) > 1:
+            raise ValueError(f"config.submeshes.{role}={spec!r}: at most one axis may be -1")
         owners[role] = role
         shapes[role] = shape
     open_ended = [r for r, s in shapes.items() if -1 in s.values()]

@@ -11,8 +11,9 @@ Memory is counted in two kinds:
 
 - **state**, held for the whole round: policy and generator parameters, their AdamW states
   (two moments in the parameter dtype and a step count; gradient clipping keeps nothing),
-  the reference copies of each role whose beta > 0 (same dtype as its parameters, as
-  `train._copy_params` copies them), the verifier's parameters and the batch;
+  the reference copies of each role whose beta > 0 (in the compute dtype when it is narrower
+  than the parameters', as `train.reference_params` keeps them), the verifier's parameters
+  and the batch;
 - **phases**, one after another inside the round, each freeing its buffers before the next:
   policy rollout, generator rollout, verifier passes, generator update, policy update. The
   peak is the state plus the largest phase, not the sum of all phases; this is also what
@@ -20,6 +21,13 @@ Memory is counted in two kinds:
 
 The phases' formulas (bytes per device of each stage, from the model's dimensions and the
 round's shapes) are in `jaxrubric.plan_phases`.
+
+With roles on sub-meshes (`config.submeshes`, `jaxrubric.placement`) a chip holds only the
+state of the roles on its mesh and runs only their stages, each stage a program of its own, so
+the plan has one section per mesh and fits when every mesh does. The batch lives on the
+policy's mesh; a stage on another mesh also holds the inputs moved to it (the batch, responses,
+rubrics, advantages: small next to the models). `--compile` then compiles each stage program
+and sets XLA's numbers beside the plan's, per mesh.
 
 Checked against XLA (`tests/test_plan.py`, tiny config, CPU): arguments agree to the byte;
 temporaries within 0.9-1.25x where XLA partitions as the rules intend (data-parallel mesh),
@@ -43,7 +51,7 @@ import math
 import re
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -52,8 +60,9 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 from flax import nnx
-from jax.sharding import AbstractMesh, AxisType
+from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
+from jaxrubric import placement
 from jaxrubric import sharding as shd
 from jaxrubric.config import ConfigFileError, load_config, round_config
 from jaxrubric.models.config import ConfigError, ModelConfig, tiny_config
@@ -61,7 +70,7 @@ from jaxrubric.models.hf import CheckpointError, load_tokenizer, read_config_jso
 from jaxrubric.genrubric_round import GENRUBRIC_WEIGHTS
 from jaxrubric.models.transformer import Decoder
 from jaxrubric.plan_phases import (Local, Phase, rollout_phase, rows_per_device, update_phase,
-                                   verifier_phase)
+                                   verifier_phase, with_inputs)
 from jaxrubric.rubric import grammar as grammar_lib
 from jaxrubric.rubric import templates as tpl
 
@@ -105,17 +114,10 @@ class PlanError(ValueError):
 # ----------------------------------------------------------------------------- parsing
 def parse_mesh(text: str) -> dict[str, int]:
     """`data=D,fsdp=F,tensor=T` (any subset; missing axes are 1, one size may be -1)."""
-    shape: dict[str, int] = {}
-    for part in text.split(","):
-        name, sep, size = part.strip().partition("=")
-        if not sep or name not in shd.MESH_AXES or not re.fullmatch(r"-1|[1-9]\d*", size.strip()):
-            raise PlanError(f"--mesh {text!r}: expected comma-separated AXIS=SIZE with AXIS in "
-                            f"{shd.MESH_AXES} and SIZE a positive integer (or -1), e.g. "
-                            "'data=1,fsdp=4,tensor=1'")
-        if name in shape:
-            raise PlanError(f"--mesh {text!r}: axis {name!r} given twice")
-        shape[name] = int(size)
-    return {axis: shape.get(axis, 1) for axis in shd.MESH_AXES}
+    try:
+        return placement.parse_mesh_spec(text)
+    except ValueError as err:
+        raise PlanError(f"--{err}") from None
 
 
 def parse_bytes(text: str) -> int:
@@ -233,6 +235,17 @@ class RoleParams:
     @property
     def bytes(self) -> int:
         return tree_bytes(self.shards)
+
+    @property
+    def reference_dtype(self) -> str:
+        """The dtype `train.reference_params` stores this role's frozen copy in."""
+        compute, stored = jnp.dtype(self.config.dtype), jnp.dtype(self.config.param_dtype)
+        return str(compute if compute.itemsize < stored.itemsize else stored)
+
+    @property
+    def reference_bytes(self) -> int:
+        size = jnp.dtype(self.reference_dtype).itemsize
+        return sum(math.prod(x.shape) * size for x in self.shards)
 
 
 def role_params(model_config: ModelConfig, source: str, mesh: AbstractMesh) -> RoleParams:
@@ -366,21 +379,27 @@ def round_shapes(config: ml_collections.ConfigDict, templates: dict[str, tpl.Tok
 
 
 # ----------------------------------------------------------------------------- the plan
-def state_items(config: ml_collections.ConfigDict, params: dict[str, RoleParams], ways: int
-                ) -> list[tuple[str, int]]:
-    """What the round holds throughout: `coevolve.init_state`'s state, the frozen weights
-    (`train.CoevolveTask`) and the batch; exactly the compiled round's arguments."""
+def state_items(config: ml_collections.ConfigDict, params: dict[str, RoleParams], ways: int,
+                roles: Collection[str] = ROLES) -> list[tuple[str, int]]:
+    """What a mesh holding `roles` keeps through the round: their part of
+    `coevolve.init_state`'s state and of the frozen weights (`train.CoevolveTask`), and on the
+    policy's mesh the batch; colocated, exactly the compiled round's arguments."""
     rc = round_config(config)
-    items = [(f"{r} params ({params[r].config.param_dtype})", params[r].bytes) for r in TRAINED]
-    items.append(("AdamW state, both roles",
-                  sum(optimizer_bytes(config, r, params[r]) for r in TRAINED)))
-    items += [(f"{r} reference ({params[r].config.param_dtype})", params[r].bytes)
-              for r in TRAINED if getattr(rc, f"{r}_beta") > 0]
-    items.append((f"verifier params ({params['verifier'].config.param_dtype})",
-                  params["verifier"].bytes))
-    # + the rng key (2 x uint32) and the int32 round counter
-    items.append(("batch, rng, round counter",
-                  rows_per_device(config.data.batch_size, ways) * batch_row_bytes(config) + 8 + 4))
+    trained = [r for r in TRAINED if r in roles]
+    items = [(f"{r} params ({params[r].config.param_dtype})", params[r].bytes) for r in trained]
+    if trained:
+        items.append((f"AdamW state, {'both roles' if len(trained) == 2 else trained[0]}",
+                      sum(optimizer_bytes(config, r, params[r]) for r in trained)))
+    items += [(f"{r} reference ({params[r].reference_dtype})", params[r].reference_bytes)
+              for r in trained if getattr(rc, f"{r}_beta") > 0]
+    if "verifier" in roles:
+        items.append((f"verifier params ({params['verifier'].config.param_dtype})",
+                      params["verifier"].bytes))
+    if "policy" in roles:  # the batch is placed on the policy's mesh
+        # + the rng key (2 x uint32) and the int32 round counter
+        items.append(("batch, rng, round counter",
+                      rows_per_device(config.data.batch_size, ways) * batch_row_bytes(config)
+                      + 8 + 4))
     return items
 
 
@@ -391,44 +410,122 @@ def batch_row_bytes(config: ml_collections.ConfigDict) -> int:
             + d.num_anchors * (4 * d.anchor_tokens + 4 + 1))
 
 
+def stage_key(role: str, keep: int) -> str:
+    """The plan's name of a stage program (`placement.Placement`'s `role` and `keep`): a role's
+    update keeps its parameters and optimiser state; the verifier's passes are one program;
+    the other stages are the roles' rollouts."""
+    if keep:
+        return f"{role} update"
+    return "verifier" if role == "verifier" else f"{role} rollout"
+
+
+def stage_role(stage: str) -> str:
+    """The role whose mesh runs a stage: its name's first word (see `stage_key`)."""
+    return stage.split()[0]
+
+
+def sample_row_bytes(length: int) -> int:
+    """One sample of `sampling.SampleResult`: int32 tokens, float32 log-probs and sampling
+    log-probs, an int32 length and a bool `finished`."""
+    return 12 * length + 5
+
+
+def parsed_row_bytes(config: ml_collections.ConfigDict, rubric: int) -> int:
+    """One rubric of `grammar.ParsedRubric`: int32 item tokens, lengths and weights, bool
+    validity per item, an int32 item per rubric token and a bool `complete`."""
+    m, li = config.rubric.max_items, config.rubric.max_item_tokens
+    return 4 * m * li + 9 * m + 4 * rubric + 1
+
+
+def moved_inputs(config: ml_collections.ConfigDict, shapes: Shapes, owners: Mapping[str, str],
+                 ways: Mapping[str, int]) -> dict[str, list[tuple[str, int]]]:
+    """Per stage, what its program receives from another role's mesh, per device: on
+    sub-meshes a stage's inputs move to its role's mesh first (`placement.to_mesh`: split over
+    that mesh's batch ways). `owners[role]` names the role's mesh (roles sharing one name the
+    same role), `ways[role]` its batch ways. Empty when every role is on one mesh."""
+    d, rc = config.data, round_config(config)
+    g, n = rc.num_rubrics, rc.response_tokens
+    question = 4 * (d.prompt_tokens + 1)  # prompt, prompt_len
+    rubrics = g * sample_row_bytes(shapes.rubric)
+    parsed = g * parsed_row_bytes(config, shapes.rubric)
+    # stage -> the role whose mesh it reads from -> (what, bytes per prompt, bytes replicated)
+    if config.method == "genrubric":
+        induced = g * (5 * shapes.policy_prompt + 4 + sample_row_bytes(n) + 4)
+        reads = {
+            "generator rollout": {"policy": ("prompts, rng key", question, 8)},
+            "policy rollout": {"generator": ("rubrics", rubrics, 0)},
+            "verifier": {"policy": ("prompts, induced prompts and responses",
+                                    question + induced, 0),
+                         "generator": ("rubrics, parsed", rubrics + parsed, 0)},
+            "generator update": {"verifier": ("token advantages", 4 * g * shapes.rubric, 0)},
+            "policy update": {"verifier": ("advantages", 4 * g, 0)},
+        }
+    else:
+        responses = rc.num_responses * (sample_row_bytes(n) + 4)  # + text_len
+        reads = {
+            "policy rollout": {},
+            "generator rollout": {"policy": ("prompts, responses, rng key",
+                                             question + responses, 8)},
+            "verifier": {"policy": ("batch, responses", batch_row_bytes(config) + responses, 0),
+                         "generator": ("rubrics, parsed", rubrics + parsed, 0)},
+            "generator update": {"verifier": ("advantages", 4 * g, 0)},
+            "policy update": {"verifier": ("advantages", 4 * rc.num_responses, 0)},
+        }
+    moved: dict[str, list[tuple[str, int]]] = {}
+    for stage, sources in reads.items():
+        role = stage_role(stage)
+        moved[stage] = [
+            (f"moved from the {source}'s mesh: {what}",
+             rows_per_device(d.batch_size, ways[role]) * per_row + replicated)
+            for source, (what, per_row, replicated) in sources.items()
+            if owners[source] != owners[role]]
+    return moved
+
+
 def round_phases(config: ml_collections.ConfigDict, shapes: Shapes, loc: dict[str, Local],
-                 params: dict[str, RoleParams], ways: int) -> dict[str, Phase]:
-    """The round's stages in their order (`dynamic_rubric_round` / `genrubric_round`)."""
+                 params: dict[str, RoleParams], ways: int, roles: Collection[str] = ROLES,
+                 moved: Mapping[str, list[tuple[str, int]]] | None = None) -> dict[str, Phase]:
+    """The stages of `roles` in the round's order (`dynamic_rubric_round` / `genrubric_round`),
+    on a mesh that splits the batch `ways` ways; each with the inputs `moved` to it from other
+    meshes (see `moved_inputs`), held while its program runs."""
     d, rc = config.data, round_config(config)
     m = rc.rollout_micro_batches
     generator = rollout_phase(loc["generator"], d.batch_size, rc.num_rubrics,
                               shapes.generator_prompt, shapes.rubric, ways, m)
-    if config.method == "genrubric":
-        phases = {"generator rollout": generator,
-                  "policy rollout (induced responses)": rollout_phase(
+    if config.method == "genrubric":  # (stage, phase name, phase)
+        stages = [("generator rollout", "generator rollout", generator),
+                  ("policy rollout", "policy rollout (induced responses)", rollout_phase(
                       loc["policy"], shapes.policy_rows, 1, shapes.policy_prompt,
-                      rc.response_tokens, ways, m)}
+                      rc.response_tokens, ways, m))]
     else:
-        phases = {"policy rollout": rollout_phase(
+        stages = [("policy rollout", "policy rollout", rollout_phase(
                       loc["policy"], d.batch_size, rc.num_responses, shapes.policy_prompt,
-                      rc.response_tokens, ways, m),
-                  "generator rollout": generator}
+                      rc.response_tokens, ways, m)),
+                  ("generator rollout", "generator rollout", generator)]
     for name, (rows, length) in shapes.verifier.items():
-        phases[f"verifier: {name}"] = verifier_phase(
-            loc["verifier"], rows, length, rc.num_rubrics * config.rubric.max_items, ways, m)
+        stages.append(("verifier", f"verifier: {name}", verifier_phase(
+            loc["verifier"], rows, length, rc.num_rubrics * config.rubric.max_items, ways, m)))
     updates = {"generator": (shapes.generator_rows, shapes.generator_prompt + shapes.rubric),
                "policy": (shapes.policy_rows, shapes.policy_prompt + rc.response_tokens)}
     for role, (rows, length) in updates.items():  # the generator is updated first
         if not getattr(rc, f"freeze_{role}"):
-            phases[f"{role} update"] = update_phase(loc[role], params[role], rows, length,
-                                                    rc.logprob_chunk, ways,
-                                                    rc.update_micro_batches)
-    return phases
+            stages.append((f"{role} update", f"{role} update", update_phase(
+                loc[role], params[role], rows, length, rc.logprob_chunk, ways,
+                rc.update_micro_batches)))
+    return {name: with_inputs(phase, (moved or {}).get(stage, []))
+            for stage, name, phase in stages if stage_role(stage) in roles}
 
 
-def uneven_micro_batches(config: ml_collections.ConfigDict, shapes: Shapes, ways: int
-                         ) -> list[str]:
+def uneven_micro_batches(config: ml_collections.ConfigDict, shapes: Shapes, ways: int,
+                         roles: Collection[str] = ROLES) -> list[str]:
     """Notes for micro-batches whose rows do not split evenly over the chips holding the
-    batch: the plan counts the rows of the busiest chip, and the others repeat or idle."""
+    batch (on a mesh of `roles`): the plan counts the rows of the busiest chip, and the others
+    repeat or idle."""
     rc = round_config(config)
+    sampled = {"generator": shapes.generator_rows, "policy": shapes.policy_rows}
     stages = {"rollout": (config.data.batch_size, "prompts", rc.rollout_micro_batches),
-              "generator update": (shapes.generator_rows, "rows", rc.update_micro_batches),
-              "policy update": (shapes.policy_rows, "rows", rc.update_micro_batches)}
+              **{f"{r} update": (sampled[r], "rows", rc.update_micro_batches)
+                 for r in ("generator", "policy") if r in roles}}
     notes = []
     for stage, (rows, unit, n) in stages.items():
         if (rows // n) % ways:
@@ -437,45 +534,100 @@ def uneven_micro_batches(config: ml_collections.ConfigDict, shapes: Shapes, ways
     return notes
 
 
+def role_meshes(config: ml_collections.ConfigDict, devices: int | None
+                ) -> dict[str, tuple[dict[str, int], str]]:
+    """`{role: (mesh shape, owner)}` as `train.CoevolveTask` places the roles: all on
+    `config.mesh` (owner "policy"), or on `config.submeshes` (`placement.resolve_submeshes`),
+    -1 axes filled from `devices`."""
+    specs = dict(config.submeshes)
+    if not any(specs.values()):
+        shape = resolve_mesh(dict(config.mesh), devices)
+        return {role: (shape, "policy") for role in ROLES}
+    try:
+        resolved = placement.resolve_submeshes(specs, devices)
+    except ValueError as err:
+        raise PlanError(str(err)) from err
+    for role, (shape, owner) in resolved.items():
+        if role == owner and -1 in shape.values():
+            raise PlanError(f"config.submeshes.{role}={specs[role]!r} has a -1 axis (the devices "
+                            "the other meshes leave): give --devices N")
+    return {role: (dict(shape), owner) for role, (shape, owner) in resolved.items()}
+
+
+def mesh_name(roles: Sequence[str]) -> str:
+    """A mesh named by the roles on it: `policy + generator`."""
+    return " + ".join(roles)
+
+
+def _mesh_plan(config: ml_collections.ConfigDict, roles: Sequence[str], shape: dict[str, int],
+               params: dict[str, RoleParams], loc: dict[str, Local], shapes: Shapes,
+               moved: Mapping[str, list[tuple[str, int]]], usable: int) -> dict[str, Any]:
+    """One mesh's part of the plan: the state of `roles`, their phases, the peak."""
+    ways = shd.batch_ways(abstract_mesh(shape))
+    state = state_items(config, params, ways, roles)
+    phases = round_phases(config, shapes, loc, params, ways, roles, moved)
+    state_total = sum(b for _, b in state)
+    phase_totals = {name: phase.total for name, phase in phases.items()}
+    peak_phase = max(phase_totals, key=phase_totals.get)
+    total = state_total + phase_totals[peak_phase]
+    return {"mesh": shape, "devices": math.prod(shape.values()), "batch_ways": ways,
+            "state": state, "state_total": state_total, "phases": phases,
+            "phase_totals": phase_totals, "peak_phase": peak_phase, "total": total,
+            "fits": total <= usable}
+
+
 def plan_memory(config: ml_collections.ConfigDict, device_memory: int, *, headroom: float = 0.1,
                 devices: int | None = None) -> dict[str, Any]:
-    """The per-device memory plan of one round of `config` on `config.mesh` (a -1 axis
-    filled from `devices`).
+    """The per-device memory plan of one round of `config` on `config.mesh`, or on
+    `config.submeshes` (a -1 axis filled from `devices`).
 
-    Returns `state` (a list of `(label, bytes)`), `phases` (name -> `Phase`), their totals,
+    Colocated: `state` (a list of `(label, bytes)`), `phases` (name -> `Phase`), their totals,
     the peak `total` (state + largest phase), the `usable` memory after `headroom`, `fits`,
     the models, the round's lengths and the notes a reader needs (estimated templates,
-    micro-batches that do not split over the chips).
+    micro-batches that do not split over the chips). On sub-meshes a chip holds only its
+    roles' state and runs only their stages, so `meshes` has those keys per distinct mesh
+    (with its `roles`, `name` and `moved` inputs per stage); `total` is the largest peak and
+    `fits` holds when every mesh fits.
     """
     if not 0 <= headroom < 1:
         raise PlanError(f"--headroom must be in [0, 1), got {headroom}")
-    mesh_shape = resolve_mesh(dict(config.mesh), devices)
-    mesh = abstract_mesh(mesh_shape)
-    ways = shd.batch_ways(mesh)
-    if config.data.batch_size % ways:
-        raise PlanError(f"config.data.batch_size={config.data.batch_size} must be a multiple of "
-                        f"the {ways} ways the mesh {mesh_shape} splits the batch")
+    meshes = role_meshes(config, devices)
+    groups: dict[str, list[str]] = {}  # owner -> the roles on its mesh
+    for role, (_, owner) in meshes.items():
+        groups.setdefault(owner, []).append(role)
+    colocated = len(groups) == 1
+    for owner, roles in groups.items():
+        shape = meshes[owner][0]
+        ways = shd.batch_ways(abstract_mesh(shape))
+        if config.data.batch_size % ways:
+            where = "mesh" if colocated else f"{mesh_name(roles)} mesh"
+            raise PlanError(f"config.data.batch_size={config.data.batch_size} must be a multiple "
+                            f"of the {ways} ways the {where} {shape} splits the batch")
     round_config(config)  # a bad round section fails here, before any model is read
     source = _tokenizer_source(config)
     tokenizer = load_tokenizer_offline(source)
     notes = [] if tokenizer is not None else [
         f"template lengths estimated: tokenizer {source!r} is not available offline "
         f"(~{CHARS_PER_TOKEN} characters per token)"]
-    params = {role: role_params(*role_model_config(config[role], tokenizer, mesh, source), mesh)
-              for role in ROLES}
+    params = {}
+    for role in ROLES:  # each role's model is built for its own mesh (vocabulary padding)
+        mesh = abstract_mesh(meshes[role][0])
+        params[role] = role_params(*role_model_config(config[role], tokenizer, mesh, source), mesh)
     shapes = round_shapes(config, round_templates(config, tokenizer))
-    loc = {role: Local.of(params[role], mesh_shape["tensor"]) for role in ROLES}
-    state = state_items(config, params, ways)
-    phases = round_phases(config, shapes, loc, params, ways)
-    notes += uneven_micro_batches(config, shapes, ways)
-    state_total = sum(b for _, b in state)
-    phase_totals = {name: phase.total for name, phase in phases.items()}
-    peak_phase = max(phase_totals, key=phase_totals.get)
-    total = state_total + phase_totals[peak_phase]
+    loc = {role: Local.of(params[role], meshes[role][0]["tensor"]) for role in ROLES}
     usable = int(device_memory * (1 - headroom))
-    return {
-        "method": config.method, "mesh": mesh_shape,
-        "devices": math.prod(mesh_shape.values()), "batch_ways": ways,
+    owners = {role: owner for role, (_, owner) in meshes.items()}
+    role_ways = {role: shd.batch_ways(abstract_mesh(shape)) for role, (shape, _) in meshes.items()}
+    moved = moved_inputs(config, shapes, owners, role_ways)
+    sections = []
+    for owner, roles in groups.items():
+        section = _mesh_plan(config, roles, meshes[owner][0], params, loc, shapes, moved, usable)
+        prefix = "" if colocated else f"{mesh_name(roles)} mesh: "
+        notes += [prefix + note for note in uneven_micro_batches(
+            config, shapes, section["batch_ways"], roles)]
+        sections.append((roles, section))
+    plan = {
+        "method": config.method,
         "models": {r: {"source": params[r].source, "parameters": params[r].count,
                        "dtype": params[r].config.dtype,
                        "param_dtype": params[r].config.param_dtype} for r in ROLES},
@@ -483,11 +635,18 @@ def plan_memory(config: ml_collections.ConfigDict, device_memory: int, *, headro
                     "policy_prompt": shapes.policy_prompt,
                     **{f"verifier {k}": v[1] for k, v in shapes.verifier.items()}},
         "templates_estimated": tokenizer is None,
-        "state": state, "state_total": state_total, "phases": phases,
-        "phase_totals": phase_totals, "peak_phase": peak_phase, "total": total,
         "device_memory": device_memory, "headroom": headroom, "usable": usable,
-        "fits": total <= usable, "notes": notes,
+        "notes": notes,
     }
+    if colocated:
+        return {**plan, **sections[0][1]}
+    return {**plan, "devices": sum(s["devices"] for _, s in sections),
+            "total": max(s["total"] for _, s in sections),
+            "fits": all(s["fits"] for _, s in sections),
+            "meshes": [dict(section, roles=roles, name=mesh_name(roles),
+                            moved={stage: items for stage, items in moved.items()
+                                   if stage_role(stage) in roles})
+                       for roles, section in sections]}
 
 
 # ----------------------------------------------------------------------------- the compiler
@@ -497,7 +656,7 @@ def local_devices_for(config: ml_collections.ConfigDict, requested: int | None =
     try:
         if requested not in (None, available):
             raise PlanError(f"--devices is {requested}")
-        resolve_mesh(dict(config.mesh), available)
+        role_meshes(config, available)
     except PlanError as err:
         raise PlanError(f"--compile builds the round on this machine's {available} devices: "
                         f"{err}") from err
@@ -515,8 +674,6 @@ def compiled_memory(config: ml_collections.ConfigDict) -> dict[str, Any]:
     rng), `output`, `alias` (outputs written into donated arguments), `temp` (XLA's peak of
     everything else) and `generated_code`.
     """
-    from jax.sharding import NamedSharding, PartitionSpec
-
     from jaxrubric.train import _METHODS, CoevolveTask
 
     local_devices_for(config)
@@ -540,43 +697,146 @@ def compiled_memory(config: ml_collections.ConfigDict) -> dict[str, Any]:
     }
 
 
+def _device_bytes(x: Any) -> int:
+    """One device's shard of an array or `ShapeDtypeStruct` with a sharding."""
+    return math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
+
+
+def _abstract(tree: Any) -> Any:
+    """Shapes, dtypes and shardings: all that lowering a program needs."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                        tree)
+
+
+def _on_mesh(x: jax.ShapeDtypeStruct, mesh: Mesh) -> jax.ShapeDtypeStruct:
+    """`x` where `placement.to_mesh` puts it for a stage on `mesh`."""
+    target = placement.destination(x, mesh)
+    return x if target is None else jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=target)
+
+
+class StageCompiler:
+    """A `placement.Placement` that compiles each stage's program as `placement.SubMeshes`
+    jits it, for abstract inputs, and runs nothing: the stage's outputs come back abstract,
+    with the compiler's shardings, for the next stage to compile against. `stages` records
+    each program's temporaries (XLA's memory analysis) and the bytes per device it receives
+    from other meshes."""
+
+    def __init__(self, setup: Any, meshes: Mapping[str, Mesh]):
+        self.setup = setup
+        self.meshes = dict(meshes)
+        self.stages: list[dict[str, Any]] = []
+
+    def __call__(self, role: str, stage: Callable[..., Any], *args: Any, keep: int = 0) -> Any:
+        mesh = self.meshes[role]
+        placed = jax.tree.map(lambda x: _on_mesh(x, mesh), args)
+        moved = sum(_device_bytes(new) for old, new in zip(jax.tree.leaves(args),
+                                                            jax.tree.leaves(placed))
+                    if new is not old)
+        compiled = placement.stage_program(self.setup, stage, mesh, placed, keep).lower(
+            *placed).compile()
+        self.stages.append({"role": role, "stage": stage_key(role, keep), "moved": moved,
+                            "temp": compiled.memory_analysis().temp_size_in_bytes})
+        return _abstract(compiled.out_info)
+
+
+def compiled_stage_memory(config: ml_collections.ConfigDict) -> dict[str, Any]:
+    """With roles on sub-meshes: per mesh, the bytes per device of the built task's arrays on
+    it (its state; the batch and the round's rng key live on the policy's mesh) and XLA's
+    memory analysis of each stage program on it, compiled over this machine's devices as
+    `placement.SubMeshes` builds them, without running (see `StageCompiler`).
+
+    Returns `meshes`: mesh name (`mesh_name`) -> `state` and `stages` (stage -> `temp` and
+    `moved`), and the `seconds` it took.
+    """
+    from jaxrubric.train import _METHODS, CoevolveTask
+
+    local_devices_for(config)
+    start = time.perf_counter()
+    task = CoevolveTask(config)
+    state = task.init_state(jax.random.key(0))
+    # The round counter stays concrete: the round adds one to it between the stages.
+    state = {**_abstract(state), "round": state["round"]}
+    frozen, batch = _abstract(task.frozen), _abstract(task.batch(0))
+    rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype,
+                               sharding=NamedSharding(task.meshes["policy"], PartitionSpec()))
+    compiler = StageCompiler(task.setup, task.meshes)
+    _METHODS[config.method][1](task.setup, state, frozen, batch, rng, compiler)
+    groups: dict[int, list[str]] = {}
+    for role, mesh in task.meshes.items():
+        groups.setdefault(id(mesh), []).append(role)
+    meshes = {}
+    for roles in groups.values():
+        devices = set(task.meshes[roles[0]].devices.flat)
+        held = [x for x in jax.tree.leaves((state, frozen, batch, rng))
+                if x.sharding.device_set == devices]
+        meshes[mesh_name(roles)] = {
+            "state": sum(_device_bytes(x) for x in held),
+            "stages": {s["stage"]: s for s in compiler.stages if s["role"] in roles}}
+    return {"meshes": meshes, "seconds": time.perf_counter() - start}
+
+
 # ----------------------------------------------------------------------------- printing
 def _unit(nbytes: int) -> tuple[str, int]:
     """GiB, or MiB for plans under 1 GiB (tiny configs) so the numbers are not all 0.00."""
     return ("GiB", GIB) if nbytes >= GIB else ("MiB", 1024**2)
 
 
+def _verdict(total: int, usable: int) -> str:
+    return "fits" if total <= usable else (
+        f"DOES NOT FIT ({total / usable:.1f}x the usable memory)")
+
+
 def format_plan(plan: dict[str, Any], title: str = "") -> str:
-    """The plan as a table: sections with their items, the peak and the verdict."""
+    """The plan as a table: sections with their items, the peak and the verdict; on
+    sub-meshes one table per mesh, then the verdict over all of them."""
     unit, scale = _unit(plan["total"])
     width = 66
     row = lambda label, value: f"{label:<{width}}{value / scale:>12.2f}"  # noqa: E731
-    mesh = " ".join(f"{a}={s}" for a, s in plan["mesh"].items())
-    lines = [f"jaxrubric plan: {title} ({plan['method']}), mesh {mesh} = {plan['devices']} "
-             f"devices, batch split {plan['batch_ways']} ways"]
+    shape = lambda mesh: " ".join(f"{a}={s}" for a, s in mesh.items())  # noqa: E731
+    meshes = plan.get("meshes")
+    head = f"jaxrubric plan: {title} ({plan['method']}), "
+    lines = [head + (f"roles on {len(meshes)} sub-meshes = {plan['devices']} devices" if meshes
+                     else f"mesh {shape(plan['mesh'])} = {plan['devices']} devices, batch split "
+                          f"{plan['batch_ways']} ways")]
     for role, m in plan["models"].items():
         lines.append(f"  {role:<10} {m['source']}: {m['parameters']:,} parameters, "
                      f"{m['param_dtype']} weights, {m['dtype']} compute")
     lines += [f"  note: {note}" for note in plan["notes"]]
-    lines += ["", f"{'per device':<{width}}{unit:>12}",
-              row("state, held through the round", plan["state_total"])]
-    lines += [row(f"  {label}", value) for label, value in plan["state"]]
-    for phase_name, phase in plan["phases"].items():
-        lines.append(row(phase_name, phase.total))
-        lines += [row(f"  {label}", value) for label, value in phase.items]
-        if phase.rule != "sum":
-            lines.append(f"  (peak: {phase.rule})")
+
+    def table(section: dict[str, Any]) -> list[str]:
+        out = [f"{'per device':<{width}}{unit:>12}",
+               row("state, held through the round", section["state_total"])]
+        out += [row(f"  {label}", value) for label, value in section["state"]]
+        for phase_name, phase in section["phases"].items():
+            out.append(row(phase_name, phase.total))
+            out += [row(f"  {label}", value) for label, value in phase.items]
+            if phase.rule != "sum":
+                out.append(f"  (peak: {phase.rule})")
+        return out
+
     usable = plan["usable"]
-    verdict = ("fits" if plan["fits"] else
-               f"DOES NOT FIT ({plan['total'] / usable:.1f}x the usable memory)")
-    state_verdict = "fits" if plan["state_total"] <= usable else "does not fit"
-    lines += [
-        "",
-        row(f"peak = state + largest phase ({plan['peak_phase']})", plan["total"]),
-        f"device memory {plan['device_memory'] / GIB:.2f} GiB, headroom "
-        f"{plan['headroom']:.0%}: {usable / GIB:.2f} GiB usable -> {verdict}",
-        f"state alone: {plan['state_total'] / GIB:.2f} GiB -> {state_verdict}",
-    ]
+    memory = (f"device memory {plan['device_memory'] / GIB:.2f} GiB, headroom "
+              f"{plan['headroom']:.0%}: {usable / GIB:.2f} GiB usable")
+    if not meshes:
+        state_verdict = "fits" if plan["state_total"] <= usable else "does not fit"
+        return "\n".join(lines + [""] + table(plan) + [
+            "",
+            row(f"peak = state + largest phase ({plan['peak_phase']})", plan["total"]),
+            f"{memory} -> {_verdict(plan['total'], usable)}",
+            f"state alone: {plan['state_total'] / GIB:.2f} GiB -> {state_verdict}",
+        ])
+    for section in meshes:
+        state_verdict = "fits" if section["state_total"] <= usable else "does not fit"
+        lines += ["", f"{section['name']} mesh {shape(section['mesh'])} ({section['devices']} "
+                      f"devices), batch split {section['batch_ways']} ways"]
+        lines += table(section) + [
+            row(f"peak = state + largest phase ({section['peak_phase']})", section["total"]),
+            f"{section['name']} mesh -> {_verdict(section['total'], usable)}; state alone: "
+            f"{section['state_total'] / GIB:.2f} GiB -> {state_verdict}"]
+    over = [s["name"] for s in meshes if not s["fits"]]
+    lines += ["", f"{memory} -> " + ("fits on every mesh" if not over else
+                                     f"DOES NOT FIT on the {' and '.join(over)} mesh"
+                                     + ("es" if len(over) > 1 else ""))]
     return "\n".join(lines)
 
 
@@ -600,19 +860,54 @@ def format_comparison(plan: dict[str, Any], compiled: dict[str, int]) -> str:
     ])
 
 
+def stage_temporaries(section: dict[str, Any], stage: str) -> int:
+    """The plan's temporaries of one stage program on a sub-mesh (`section` of
+    `plan_memory`): its largest phase less the inputs moved to it, which XLA counts among the
+    program's arguments."""
+    moved = sum(b for _, b in section["moved"][stage])
+    return max(phase.total for name, phase in section["phases"].items()
+               if name.startswith(stage)) - moved
+
+
+def format_stage_comparison(plan: dict[str, Any], compiled: dict[str, Any]) -> str:
+    """Per sub-mesh, the built task's state and each compiled stage's temporaries and moved
+    inputs beside the plan's."""
+    sections = {s["name"]: s for s in plan["meshes"]}
+    unit, scale = _unit(plan["total"])
+    row = lambda label, real, est: (  # noqa: E731
+        f"{label:<48}{real / scale:>12.2f}{est / scale:>12.2f}{est / max(real, 1):>11.2f}")
+    lines = [f"The built task's arrays and XLA's memory analysis of each stage program "
+             f"({compiled['seconds']:.0f} s to compile), per device",
+             f"{'':<48}{'real ' + unit:>12}{'plan ' + unit:>12}{'plan/real':>11}"]
+    for name, real in compiled["meshes"].items():
+        section = sections[name]
+        lines += [f"{name} mesh " + " ".join(f"{a}={s}" for a, s in section["mesh"].items()),
+                  row("  state (the task's arrays on its devices)", real["state"],
+                      section["state_total"])]
+        for stage, analysis in real["stages"].items():
+            lines.append(row(f"  {stage}: temporaries", analysis["temp"],
+                             stage_temporaries(section, stage)))
+            moved = sum(b for _, b in section["moved"][stage])
+            if moved or analysis["moved"]:
+                lines.append(row(f"  {stage}: inputs from other meshes", analysis["moved"],
+                                 moved))
+    return "\n".join(lines)
+
+
 # ----------------------------------------------------------------------------- command line
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True, help="a training config file (configs/NAME.py)")
-    p.add_argument("--mesh", help="data=D,fsdp=F,tensor=T (default: the config's mesh)")
+    p.add_argument("--mesh", help="data=D,fsdp=F,tensor=T (default: the config's mesh); roles "
+                                  "on sub-meshes take --config.submeshes.ROLE=MESH instead")
     p.add_argument("--devices", type=int, help="chips in the slice: fills a -1 mesh axis and "
-                                               "is checked against the mesh")
+                                               "is checked against the mesh (or sub-meshes)")
     p.add_argument("--device-memory", required=True,
                    help="memory of one chip, e.g. 95GiB (v5p), 16GiB (v5e), 80GiB (H100)")
     p.add_argument("--headroom", type=float, default=0.1,
                    help="fraction of device memory kept free for XLA and fragmentation")
     p.add_argument("--compile", action="store_true",
-                   help="also compile the real round on this machine's devices and print "
-                        "XLA's memory analysis beside the plan")
+                   help="also compile the real round (on sub-meshes: each stage) on this "
+                        "machine's devices and print XLA's memory analysis beside the plan")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -630,6 +925,10 @@ def run(args: argparse.Namespace, overrides: Sequence[str]) -> int:
     """The `plan` command: prints the plan (and XLA's analysis with --compile)."""
     try:
         config = load_config(args.config, overrides)
+        if args.mesh and any(config.submeshes.values()):
+            raise PlanError("--mesh sets the mesh of colocated roles (config.mesh), but the "
+                            "config places the roles on sub-meshes (config.submeshes): set "
+                            "those instead, e.g. --config.submeshes.policy=fsdp=4")
         if args.mesh:
             for axis, size in parse_mesh(args.mesh).items():
                 config.mesh[axis] = size
@@ -639,7 +938,8 @@ def run(args: argparse.Namespace, overrides: Sequence[str]) -> int:
         print(format_plan(result, args.config))
         if args.compile:
             print()
-            print(format_comparison(result, compiled_memory(config)))
+            print(format_comparison(result, compiled_memory(config)) if "meshes" not in result
+                  else format_stage_comparison(result, compiled_stage_memory(config)))
     except (PlanError, ConfigFileError, ConfigError, CheckpointError) as err:
         print(f"jaxrubric plan: error: {err}", file=sys.stderr)
         return 2

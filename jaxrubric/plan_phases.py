@@ -143,6 +143,15 @@ def summed(items: list[tuple[str, int]]) -> Phase:
     return Phase(items, sum(b for _, b in items))
 
 
+def with_inputs(phase: Phase, inputs: list[tuple[str, int]]) -> Phase:
+    """`phase` plus inputs its program receives from another mesh (roles on sub-meshes): they
+    are the program's arguments, held from its start to its end."""
+    if not inputs:
+        return phase
+    rule = phase.rule if phase.rule == "sum" else f"{phase.rule} + the moved inputs"
+    return Phase(phase.items + inputs, phase.total + sum(b for _, b in inputs), rule)
+
+
 def _rows_text(rows: int, micro_batches: int, unit: str = "rows") -> str:
     """`512 rows`, or `64 of 512 rows` when a micro-batch holds part of them."""
     return (f"{rows} {unit}" if micro_batches == 1
