@@ -6,8 +6,12 @@ The flag must be set before jax is imported anywhere, hence at the top of confte
 import os
 import tempfile
 
+# A collective whose participants have not all arrived after 40 s makes XLA:CPU end the process
+# (a crashed xdist worker); on a loaded 2-core CI machine the 8 fake devices' threads can be that
+# late without anything being wrong, so the tests wait up to 10 minutes.
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    " --xla_cpu_collective_call_terminate_timeout_seconds=600"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # XLA:CPU sizes its thread pool from NPROC; on 2 cores, a round on a tensor-parallel mesh can
