@@ -103,7 +103,7 @@ def test_reference_is_stored_in_the_compute_dtype_and_gives_the_same_logits(
 
     from jaxrubric.train import reference_params
 
-    cfg = jaxrubric.tiny_config("qwen3", dtype=dtype, param_dtype=param_dtype)
+    cfg = jaxrubric.tiny_config("qwen3", dtype=dtype, param_dtype=param_dtype, num_layers=1)
     model = jaxrubric.init_model(cfg, seed=4)
     reference = reference_params(model)
     assert {x.dtype for x in jax.tree.leaves(reference)} == {jnp.dtype(stored)}

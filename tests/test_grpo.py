@@ -474,20 +474,19 @@ def _decoder_update(aggregation, micro_batches):
 
 
 def test_micro_batched_update_equals_the_whole_batch():
-    """Two SGD steps over 2 and 4 micro-batches of the rows give the parameters and metrics
+    """Two SGD steps over 4 micro-batches of the rows give the parameters and metrics
     (gradient norms included) of the whole-batch update, with the reference log-probs per
     micro-batch. Token-mean only: its denominator (all tokens of the batch) is the one a
     per-micro-batch mean gets wrong; `test_micro_batching_is_exact` holds every aggregation
     mode's shares exact on the loss itself."""
     agg = "token-mean"
     want = _decoder_update(agg, 1)
-    for n in (2, 4):
-        got = _decoder_update(agg, n)
-        for a, b in zip(jax.tree.leaves(want[:2]), jax.tree.leaves(got[:2])):
-            np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-6)
-        assert set(got[2]) == set(want[2])
-        for name, value in want[2].items():
-            np.testing.assert_allclose(got[2][name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+    got = _decoder_update(agg, 4)
+    for a, b in zip(jax.tree.leaves(want[:2]), jax.tree.leaves(got[:2])):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-6)
+    assert set(got[2]) == set(want[2])
+    for name, value in want[2].items():
+        np.testing.assert_allclose(got[2][name], value, rtol=1e-5, atol=1e-6, err_msg=name)
     assert float(want[2]["kl"][0]) > 0 and float(want[2]["clip_frac"][1]) > 0
 
 
