@@ -165,21 +165,20 @@ def build_setup(config: RoundConfig, tokenizer: Any, policy: Decoder, generator:
 
 def init_state(setup: RoundSetup, policy: Decoder, generator: Decoder) -> dict[str, PyTree]:
     """The trainable state: both models' parameters and optimiser states, and the round."""
+    # Scalars (optimiser counts, the round counter) go on their role's mesh, replicated, so the
+    # state that comes out of a round has the shardings of the one that went in: no recompiles.
     state: dict[str, PyTree] = {}
+    replicated = {}
     for role, model, optimizer in (("policy", policy, setup.policy_optimizer),
                                    ("generator", generator, setup.generator_optimizer)):
         params = nnx.state(model, nnx.Param)
-        # Scalars (optimiser counts) go on the role's mesh, replicated, so the state that comes
-        # out of a round has the shardings of the one that went in: no recompiles.
-        replicated = NamedSharding(jax.tree.leaves(params)[0].sharding.mesh, PartitionSpec())
+        replicated[role] = NamedSharding(jax.tree.leaves(params)[0].sharding.mesh,
+                                         PartitionSpec())
         state[role] = params
         state[f"{role}_opt"] = jax.tree.map(
-            lambda x, r=replicated: x if isinstance(x.sharding, NamedSharding)
+            lambda x, r=replicated[role]: x if isinstance(x.sharding, NamedSharding)
             else jax.device_put(x, r), optimizer.init(params))
-    # The round counter lives on the policy's mesh.
-    state["round"] = jax.device_put(
-        jnp.zeros((), jnp.int32),
-        NamedSharding(jax.tree.leaves(state["policy"])[0].sharding.mesh, PartitionSpec()))
+    state["round"] = jax.device_put(jnp.zeros((), jnp.int32), replicated["policy"])
     return state
 
 
