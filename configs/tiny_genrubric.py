@@ -17,4 +17,7 @@ def get_config():
     config.method = "genrubric"
     config.round.num_rubrics = 3  # each group's induced response is judged by the others
     config.round.soft_verdicts = True
+    # GenRubric self-evolves the generator against a fixed answerer and judge (the paper's
+    # setting): --config.round.freeze_policy=false trains the answering policy too.
+    config.round.freeze_policy = True
     return config

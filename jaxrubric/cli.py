@@ -127,8 +127,11 @@ def _train(args: argparse.Namespace, overrides: Sequence[str]) -> int:
 
     if not args.workdir:
         raise SystemExit("jaxrubric train: --workdir is required with --config")
+    if args.skip_bad_rows:
+        overrides = [*overrides, "data.skip_bad_rows=true"]
     config = load_config(args.config, overrides)
-    summary = train(config, args.workdir)
+    summary = train(config, args.workdir, oracle=_oracle(config.oracle),
+                    fallback=not args.no_fallback)
     if summary.get("preempted"):
         print(f"stopped by SIGTERM after round {summary['final_round']}; checkpoint saved")
     return 0
@@ -146,15 +149,32 @@ def _toy_world(args: argparse.Namespace, overrides: Sequence[str]) -> int:
     return 0
 
 
-def _export(args: argparse.Namespace) -> int:
-    from jaxrubric.train import export
+def _oracle(name: str):
+    """The ground-truth reward a config's `oracle` names (`jaxrubric.toy.ORACLES`), or None."""
+    from jaxrubric.toy import ORACLES
 
-    export(args.workdir, args.role, args.out, dtype=args.dtype)
+    if name and name not in ORACLES:
+        raise SystemExit(f"config.oracle {name!r} is not one of {sorted(ORACLES)}")
+    return ORACLES[name] if name else None
+
+
+def _export(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from jaxrubric.config import load_config
+    from jaxrubric.train import CONFIG_FILE, export
+
+    config_file = Path(args.workdir) / CONFIG_FILE
+    oracle = _oracle(load_config(config_file).oracle) if config_file.is_file() else None
+    export(args.workdir, args.role, args.out, dtype=args.dtype, oracle=oracle)
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jaxrubric", description=__doc__)
+    parser.add_argument("--debug", action="store_true",
+                        help="show the traceback of a known error (config, data, checkpoint, "
+                             "lock) instead of its one-line message")
     from jaxrubric import distributed
     distributed.add_arguments(parser)  # multi-host: before the subcommand, or the environment
     sub = parser.add_subparsers(dest="command", required=True)
@@ -192,6 +212,12 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--seed", type=int, default=0, help="toy world only")
     train.add_argument("--rounds", type=int, default=0,
                        help="toy world only: rounds of each compared run (0: the default)")
+    train.add_argument("--no-fallback", action="store_true",
+                       help="stop when the newest checkpoint is damaged (default: report it, "
+                            "move it aside and resume from the newest good one)")
+    train.add_argument("--skip-bad-rows", action="store_true",
+                       help="leave out data rows that fail their schema, and say how many "
+                            "(the same as --config.data.skip_bad_rows=true)")
     train.set_defaults(func=_train, takes_overrides=True)
 
     export = sub.add_parser("export", help="write a trained model as an HF checkpoint")
@@ -229,10 +255,33 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not item.startswith("--config."):
                 parser.error(f"unrecognized argument {item}")
             overrides.append(item.removeprefix("--config."))
-        return args.func(args, overrides)
-    if extra:
+        call = lambda: args.func(args, overrides)  # noqa: E731
+    elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    return args.func(args)
+    else:
+        call = lambda: args.func(args)  # noqa: E731
+    try:
+        return call()
+    except _known_errors() as error:
+        if args.debug:
+            raise
+        print(f"jaxrubric {args.command}: error: {error}", file=sys.stderr)
+        return 2
+
+
+def _known_errors() -> tuple[type[Exception], ...]:
+    """Errors that explain themselves: printed as their message, without a traceback (a
+    traceback means a bug, and `--debug` shows the known ones' too)."""
+    from jaxrubric.config import ConfigFileError
+    from jaxrubric.data import DataError
+    from jaxrubric.models.config import ConfigError
+    from jaxrubric.models.hf import CheckpointError
+    from jaxrubric.train_loop import (ConfigMismatchError, DamagedCheckpointError,
+                                      NonFiniteError)
+    from jaxrubric.workdir_lock import WorkdirLockedError
+
+    return (ConfigFileError, DataError, ConfigError, CheckpointError, ConfigMismatchError,
+            DamagedCheckpointError, NonFiniteError, WorkdirLockedError)
 
 
 if __name__ == "__main__":

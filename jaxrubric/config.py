@@ -1,23 +1,46 @@
 """Training configuration: one ml_collections tree, every value with one home and a default.
 
-Config files are Python modules with `get_config()`; relative paths in them are relative to
-the config file's folder. `--config.a.b=value` overrides are parsed with the type of the
-default they replace, and everything is checked before any model is loaded.
+Config files are Python modules with `get_config()` building on `base_config()`; relative paths
+in them are relative to the config file's folder. Every key has a declared type (`round.*`:
+RoundConfig's annotations; the rest: its default's type, or `_DECLARED` where the default does
+not say). `--config.a.b=value` overrides are parsed with it, and `check_config` checks keys,
+types and string options before any model is loaded, naming the key and the closest valid one.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
 import importlib.util
 import json
-from collections.abc import Sequence
+import types
+import typing
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import ml_collections
 
-from jaxrubric.coevolve import RoundConfig
-from jaxrubric.placement import ROLES, resolve_submeshes
+from jaxrubric.methods import get_method
+from jaxrubric.methods.core import OPTIONS, RoundConfig
+from jaxrubric.models.config import REMAT_POLICIES, ConfigError, DTypeLike, dtype_name
+from jaxrubric.placement import resolve_submeshes
+from jaxrubric.roles import ROLES
 from jaxrubric.rubric.templates import STYLES
+
+# Sections whose keys are the user's own: passed as they are to the tokenizer's chat template.
+_FREE_FORM = ("chat_template_kwargs",)
+# The role dtypes take names or JAX / NumPy dtypes (`jnp.bfloat16`); check_config turns them
+# into names. Declare here any other key outside `round` whose default is None.
+_DTYPE_KEYS = tuple(f"{role}.{field}" for role in ROLES for field in ("dtype", "param_dtype"))
+_DECLARED: dict[str, Any] = {key: DTypeLike for key in _DTYPE_KEYS}
+# Each string option -> the names it accepts.
+_CHOICES: dict[str, Collection[str]] = {
+    **{f"round.{name}": allowed for name, allowed in OPTIONS.items()},
+    **{f"{role}.remat": REMAT_POLICIES for role in ROLES},
+    "rubric.template_style": STYLES,
+}
 
 
 class ConfigFileError(ValueError):
@@ -38,9 +61,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.tokenizer = ""  # a folder or hub id; empty: the policy checkpoint's tokenizer
     c.chat_template_kwargs = ml_collections.ConfigDict({})
     # attention_chunk > 0: attention over blocks of that many queries (ModelConfig).
-    for role in ("policy", "generator", "verifier"):
-        c[role] = ml_collections.ConfigDict(
-            {"path": "", "seed": 0, "dtype": "float32", "param_dtype": "float32",
+    for role in ROLES:
+        c[role.value] = ml_collections.ConfigDict(
+            {"path": "", "seed": 0, "dtype": _dtype_field(), "param_dtype": _dtype_field(),
              "remat": "none", "attention_chunk": 0})
     # data.eval: held-out prompts with anchor lists for the evaluator's Δgap (and, with an
     # oracle, the policy's ground-truth quality), evaluated every `eval_every` rounds on its
@@ -63,14 +86,24 @@ def base_config() -> ml_collections.ConfigDict:
     c.log_every = 1
     c.eval_every = 0  # 0: evaluate at the start and after the last round only
     c.profile_round = 0  # > 0: a jax.profiler trace of that round in the TensorBoard folder
-    # A ground-truth reward by name (jaxrubric.train.ORACLES), for round.policy_reward="oracle"
+    # Stop once a role's update has been skipped (non-finite loss or gradient) this many rounds
+    # in a row; its weights are kept as they were before the skips.
+    c.max_skipped_rounds = 3
+    # A ground-truth reward by name (jaxrubric.toy.ORACLES), for round.policy_reward="oracle"
     # and for the eval quality: only worlds with a known answer (the toy world) have one.
     c.oracle = ""
     return c
 
 
+def _dtype_field() -> ml_collections.FieldReference:
+    """float32, in a field that also takes dtype objects: ConfigDicts are type-safe, and a
+    config file may say `config.policy.dtype = jnp.bfloat16`."""
+    return ml_collections.FieldReference("float32", field_type=object)
+
+
 def paper_recipe(checkpoint: str, chat_template_kwargs: dict | None = None,
-                 method: str = "dynamic_rubric") -> ml_collections.ConfigDict:
+                 method: str = "dynamic_rubric",
+                 update_micro_batches: int = 64) -> ml_collections.ConfigDict:
     """The paper settings for an 8B model in every role: K = 8, beta = 0.01, AdamW at lr 1e-6
     (policy) / 5e-6 (generator), anchor weight 1, Nectar anchor lists.
 
@@ -80,8 +113,9 @@ def paper_recipe(checkpoint: str, chat_template_kwargs: dict | None = None,
     Memory (sized with `jaxrubric plan` for v5p-8, fsdp=4 at 95 GiB, and 8xH100, fsdp=8 at
     80 GiB): attention over blocks of 128 queries, rollouts and verification over 8
     micro-batches of prompts (one or two prompts per chip at a time), and updates over 64
-    micro-batches for DynamicRubric (one generator row, all 8 responses and ~10k tokens, per
-    v5p chip at a time) or 32 for GenRubric (two of its shorter rows).
+    micro-batches (`update_micro_batches`): 64 for DynamicRubric (one generator row, all 8
+    responses and ~10k tokens, per v5p chip at a time); the GenRubric recipes pass 32 (two of
+    its shorter rows).
     """
     config = base_config()
     config.method = method
@@ -114,7 +148,7 @@ def paper_recipe(checkpoint: str, chat_template_kwargs: dict | None = None,
     config.round.anchor_weight = 1.0
     config.round.logprob_chunk = 256
     config.round.rollout_micro_batches = 8
-    config.round.update_micro_batches = 32 if method == "genrubric" else 64
+    config.round.update_micro_batches = update_micro_batches
     config.optim.policy_lr = 1e-6
     config.optim.generator_lr = 5e-6
     config.checkpoint_every = 25
@@ -129,57 +163,199 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ml_collectio
     if not path.is_file():
         raise ConfigFileError(f"config file {path} does not exist")
     if path.suffix == ".json":
-        config = ml_collections.ConfigDict(json.loads(path.read_text()))
+        config = _saved_config(json.loads(path.read_text()))
     else:
-        spec = importlib.util.spec_from_file_location(f"jaxrubric_config_{path.stem}", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        if not hasattr(module, "get_config"):
-            raise ConfigFileError(f"{path} has no get_config()")
-        config = module.get_config()
+        config = _run_config_file(path)
     for override in overrides:
         apply_override(config, override)
-    base = path.parent.resolve()
+    base, leaves = path.parent.resolve(), dict(_leaves(config))
     for key in ("tokenizer", "data.train", "data.eval", "policy.path", "generator.path",
                 "verifier.path"):
-        value = _get(config, key)
-        if value and not Path(value).is_absolute() and (base / value).exists():
+        value = leaves.get(key)  # absent or not a string: check_config says so
+        if isinstance(value, str) and value and not Path(value).is_absolute() and (
+                base / value).exists():
             _set(config, key, str(base / value))
     check_config(config)
     return config
 
 
+def _saved_config(data: dict[str, Any]) -> ml_collections.ConfigDict:
+    """A workdir's saved config; keys added to `base_config()` since it was written take their
+    defaults (so older runs still export), misspelled ones are still refused by the checks."""
+    config = ml_collections.ConfigDict(data)
+    present = {key for key, _ in _leaves(config)}
+    for key, value in _leaves(base_config()):
+        parent = key.rpartition(".")[0]
+        if key not in present and (not parent or _has(config, parent)):
+            _set(config, key, value)
+    return config
+
+
+def _has(config: ml_collections.ConfigDict, key: str) -> bool:
+    node = config
+    for part in key.split("."):
+        if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def _run_config_file(path: Path) -> ml_collections.ConfigDict:
+    """`get_config()` of a Python config file; a value of the wrong type assigned there fails
+    as a ConfigFileError (ConfigDicts are type-safe), like any other bad value."""
+    spec = importlib.util.spec_from_file_location(f"jaxrubric_config_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not hasattr(module, "get_config"):
+        raise ConfigFileError(f"{path} has no get_config()")
+    try:
+        return module.get_config()
+    except TypeError as err:
+        raise ConfigFileError(f"{path}: get_config(): {err}") from err
+
+
 def apply_override(config: ml_collections.ConfigDict, override: str) -> None:
-    """`a.b=value`: the value is parsed with the type of the current value."""
+    """`a.b=value`: the value is parsed with the key's declared type (`none` gives None where
+    the type allows it, bools are true/false/1/0); a free-form section takes new keys."""
     key, sep, raw = override.partition("=")
     if not sep:
         raise ConfigFileError(f"override {override!r} is not key=value")
-    current = _get(config, key)
-    if isinstance(current, bool):
-        if raw.lower() not in ("true", "false", "1", "0"):
-            raise ConfigFileError(f"config.{key} takes true/false, got {raw!r}")
-        value = raw.lower() in ("true", "1")
-    elif current is None:
-        value = raw if raw.lower() != "none" else None
+    section, _, name = key.partition(".")
+    if section in _FREE_FORM and name and "." not in name:
+        value = _free_form_value(raw)
+    elif key in _field_types() and key not in _FREE_FORM:
+        value = _parse(key, raw, _field_types()[key])
+    elif key in _known():
+        raise ConfigFileError(f"config.{key} is a section: set its keys (config.{key}.KEY=...)")
     else:
-        try:
-            value = type(current)(raw)
-        except (TypeError, ValueError) as err:
-            raise ConfigFileError(
-                f"config.{key} takes a {type(current).__name__}, got {raw!r}") from err
+        raise ConfigFileError(_no_key(key))
     _set(config, key, value)
 
 
-def _get(config, key: str):
+def _parse(key: str, raw: str, hint: Any) -> Any:
+    """`raw` as a value of the declared type `hint`, the first member of a union that parses."""
+    members = _union_members(hint)
+    if type(None) in members and raw.lower() == "none":
+        return None
+    for member in members:
+        try:
+            return _cast(raw, member)
+        except ValueError:
+            continue
+    raise ConfigFileError(f"config.{key} takes a {_type_name(hint)}, got {raw!r}")
+
+
+def _cast(raw: str, hint: Any) -> Any:
+    """`raw` as one type (ValueError if it is not one), spelled as on a command line."""
+    if hint is type(None):
+        raise ValueError(raw)  # only `none` is None, handled by the caller
+    if hint is bool:
+        if raw.lower() not in ("true", "false", "1", "0"):
+            raise ValueError(raw)
+        return raw.lower() in ("true", "1")
+    if typing.get_origin(hint) is typing.Literal:
+        return raw  # checked against its registry by check_config
+    return hint(raw)
+
+
+def _free_form_value(raw: str) -> Any:
+    """A chat-template argument has no declared type: true/false, a JSON number, or text."""
+    if raw.lower() in ("true", "false"):
+        return raw.lower() == "true"
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        return raw
+    return value if isinstance(value, (int, float)) else raw
+
+
+def _union_members(hint: Any) -> tuple[Any, ...]:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return typing.get_args(hint)
+    return (hint,)
+
+
+def _type_name(hint: Any) -> str:
+    if typing.get_origin(hint) is typing.Literal:
+        return type(typing.get_args(hint)[0]).__name__
+    if hint is type(None):
+        return "None"
+    members = _union_members(hint)
+    if len(members) > 1:
+        return " or ".join(_type_name(member) for member in members)
+    return hint.__name__
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    """Whether `value` has the declared type (an int is a float; a bool is neither)."""
+    members = _union_members(hint)
+    if len(members) > 1:
+        return any(_matches(value, member) for member in members)
+    if typing.get_origin(hint) is typing.Literal:
+        return any(type(value) is type(arg) for arg in typing.get_args(hint))
+    if hint in (int, float):
+        return isinstance(value, int if hint is int else (int, float)) and not isinstance(
+            value, bool)
+    return isinstance(value, hint)
+
+
+@functools.cache
+def _field_types() -> dict[str, Any]:
+    """Each key of `base_config()`, dotted (a free-form section is one key) -> its declared
+    type: RoundConfig's annotation for `round.*`, `_DECLARED`, or the default's type."""
+    hints = typing.get_type_hints(RoundConfig)
+    declared = {}
+    for key, default in _leaves(base_config()):
+        section, _, name = key.partition(".")
+        if section == "round":
+            declared[key] = hints[name]
+        elif key in _DECLARED:
+            declared[key] = _DECLARED[key]
+        elif default is None:
+            raise TypeError(f"config.{key} defaults to None: declare its type in _DECLARED")
+        else:
+            declared[key] = type(default)
+    return declared
+
+
+def _leaves(node: ml_collections.ConfigDict, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted key, value) of every leaf; free-form sections are leaves."""
+    for name, value in node.items():
+        key = prefix + name
+        if isinstance(value, ml_collections.ConfigDict) and key not in _FREE_FORM:
+            yield from _leaves(value, key + ".")
+        else:
+            yield key, value
+
+
+@functools.cache
+def _known() -> frozenset[str]:
+    """Every key and section of `base_config()`, dotted."""
+    return frozenset(".".join(key.split(".")[:n]) for key in _field_types()
+                     for n in range(1, key.count(".") + 2))
+
+
+def _no_key(key: str) -> str:
+    """Names the shortest part of `key` that `base_config()` lacks, and the closest key."""
+    parts = key.split(".")
+    prefixes = (".".join(parts[:n]) for n in range(1, len(parts) + 1))
+    unknown = next((prefix for prefix in prefixes if prefix not in _known()), key)
+    return f"config has no key {unknown!r}{_did_you_mean(unknown, _field_types())}"
+
+
+def _did_you_mean(word: str, names: Collection[str]) -> str:
+    close = difflib.get_close_matches(word, names, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _get(config: ml_collections.ConfigDict, key: str) -> Any:
     node = config
     for part in key.split("."):
-        if part not in node:
-            raise ConfigFileError(f"config has no key {key!r} (at {part!r})")
         node = node[part]
     return node
 
 
-def _set(config, key: str, value) -> None:
+def _set(config: ml_collections.ConfigDict, key: str, value: Any) -> None:
     *parents, last = key.split(".")
     node = config
     for part in parents:
@@ -189,19 +365,19 @@ def _set(config, key: str, value) -> None:
 
 
 def round_config(config: ml_collections.ConfigDict) -> RoundConfig:
+    """The round section as the RoundConfig the round is built from."""
     return RoundConfig(**config.round.to_dict())
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
-    """Every check that needs no model: fails before anything is loaded."""
-    unknown = set(config.keys()) - set(base_config().keys())
-    if unknown:
-        raise ConfigFileError(f"unknown config keys {sorted(unknown)}")
-    if config.method not in ("dynamic_rubric", "genrubric"):
-        raise ConfigFileError(f"config.method {config.method!r} is not 'dynamic_rubric' or "
-                              "'genrubric'")
+    """Every check that needs no model, so a bad config fails in seconds, before anything
+    loads: keys at every depth, types, string options, ranges, then the method's own checks.
+    Role dtypes given as objects are replaced by their names."""
+    _check_keys(config)
+    _check_types(config)
+    _check_choices(config)
     for key in ("rounds", "data.batch_size", "checkpoint_every", "keep_checkpoints",
-                "log_every", "rubric.max_items", "rubric.max_item_tokens"):
+                "log_every", "rubric.max_items", "rubric.max_item_tokens", "max_skipped_rounds"):
         if _get(config, key) < 1:
             raise ConfigFileError(f"config.{key} must be >= 1, got {_get(config, key)}")
     if not config.data.train:
@@ -214,10 +390,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
         raise ConfigFileError("config.eval_every and config.profile_round must be >= 0")
     if config.round.policy_reward == "oracle" and not config.oracle:
         raise ConfigFileError("config.round.policy_reward='oracle' needs config.oracle")
-    if config.rubric.template_style not in STYLES:
-        raise ConfigFileError(f"config.rubric.template_style {config.rubric.template_style!r} "
-                              f"is not one of {STYLES}")
-    for role in ("policy", "generator", "verifier"):
+    for role in ROLES:
         if config[role].attention_chunk < 0:
             raise ConfigFileError(f"config.{role}.attention_chunk must be >= 0 (0: off), got "
                                   f"{config[role].attention_chunk}")
@@ -225,8 +398,50 @@ def check_config(config: ml_collections.ConfigDict) -> None:
         round_config(config)
     except (TypeError, ValueError) as err:
         raise ConfigFileError(f"config.round: {err}") from err
-    check_micro_batches(config)
     check_submeshes(config)
+    try:
+        get_method(config.method).check_config(config)
+    except ValueError as err:
+        raise ConfigFileError(str(err)) from err
+
+
+def _check_keys(config: ml_collections.ConfigDict) -> None:
+    """The keys of `base_config()`, no more (misspellings), no fewer (a config file that does
+    not build on it)."""
+    keys = {key for key, _ in _leaves(config)}
+    unknown, missing = keys - _field_types().keys(), _field_types().keys() - keys
+    if unknown:
+        raise ConfigFileError(_no_key(min(unknown)))
+    if missing:
+        raise ConfigFileError(f"config lacks key {min(missing)!r}: build config files on "
+                              "jaxrubric.config.base_config()")
+
+
+def _check_types(config: ml_collections.ConfigDict) -> None:
+    """Each value has its key's declared type (dtypes are checked by `_check_choices`)."""
+    for key, value in _leaves(config):
+        hint = _field_types()[key]
+        if key not in _DTYPE_KEYS and not _matches(value, hint):
+            raise ConfigFileError(f"config.{key} takes a {_type_name(hint)}, got {value!r} "
+                                  f"({type(value).__name__})")
+
+
+def _check_choices(config: ml_collections.ConfigDict) -> None:
+    """The method and every string option name a registered one; role dtypes become names."""
+    try:
+        get_method(config.method)
+    except ValueError as err:
+        raise ConfigFileError(str(err)) from err
+    for key, allowed in _CHOICES.items():
+        value = _get(config, key)
+        if value not in allowed:
+            raise ConfigFileError(f"config.{key} {value!r} is not one of {sorted(allowed)}"
+                                  f"{_did_you_mean(value, allowed)}")
+    for key in _DTYPE_KEYS:
+        try:
+            _set(config, key, dtype_name(_get(config, key), field=f"config.{key}"))
+        except ConfigError as err:
+            raise ConfigFileError(str(err)) from err
 
 
 def check_submeshes(config: ml_collections.ConfigDict) -> None:
@@ -241,23 +456,3 @@ def check_submeshes(config: ml_collections.ConfigDict) -> None:
         resolve_submeshes(specs, device_count=None)
     except ValueError as err:
         raise ConfigFileError(str(err)) from err
-
-
-def check_micro_batches(config: ml_collections.ConfigDict) -> None:
-    """Micro-batches split rows into equal static shapes: each count must divide the rows it
-    splits (the updates' sampled rows; the prompts of the training and held-out batches)."""
-    d, rc = config.data, config.round
-    per_prompt = "num_rubrics" if config.method == "genrubric" else "num_responses"
-    checks = [
-        ("update_micro_batches", d.batch_size * rc[per_prompt],
-         f"the policy update's rows (data.batch_size x round.{per_prompt})"),
-        ("update_micro_batches", d.batch_size * rc.num_rubrics,
-         "the generator update's rows (data.batch_size x round.num_rubrics)"),
-        ("rollout_micro_batches", d.batch_size, "the prompts (data.batch_size)"),
-    ]
-    if d.eval and config.method == "dynamic_rubric":
-        checks.append(("rollout_micro_batches", d.eval_batch_size or d.batch_size,
-                       "the held-out prompts (data.eval_batch_size)"))
-    for key, rows, what in checks:
-        if rows % rc[key]:
-            raise ConfigFileError(f"config.round.{key}={rc[key]} must divide {what}, {rows}")

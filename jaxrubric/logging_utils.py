@@ -78,6 +78,11 @@ class SummaryWriter:
             self._writer.add_event(event)
 
 
+# A round metric `<role>/skipped_updates`: optimiser steps skipped for a non-finite loss or
+# gradient (`rl.grpo.grpo_update`); the progress line shows it when it is not 0.
+SKIPPED_SUFFIX = "/skipped_updates"
+
+
 class Progress:
     """A tqdm bar over rounds showing the reward (or first scalar metric) and seconds per round;
     silent on every process but 0."""
@@ -91,6 +96,8 @@ class Progress:
         """Moves the bar to `round_` (rounds completed) with this round's scalar metrics."""
         name = REWARD_METRIC if REWARD_METRIC in metrics else next(iter(metrics), None)
         shown = [] if name is None else [f"{name} {metrics[name]:.4g}"]
+        shown += [f"{key} {value:g}" for key, value in metrics.items()
+                  if key.endswith(SKIPPED_SUFFIX) and value]
         self._bar.set_postfix_str(", ".join([*shown, f"{seconds:.2f} s/round"]), refresh=False)
         self._bar.update(round_ - self._bar.n)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -178,10 +179,10 @@ def local_rows(mesh: Mesh, batch_size: int, rules: Rules = TRAINING_RULES) -> li
     return sorted(rows)
 
 
-def global_batch(mesh: Mesh, local: Mapping[str, np.ndarray], rows: Sequence[int],
-                 batch_size: int, rules: Rules = TRAINING_RULES) -> dict[str, jax.Array]:
-    """Global batch arrays from this process's rows (`local[k][i]` is global row `rows[i]`),
-    split over the batch mesh axes."""
+def global_batch(mesh: Mesh, local: Any, rows: Sequence[int], batch_size: int,
+                 rules: Rules = TRAINING_RULES) -> Any:
+    """Global batch arrays from this process's rows (a pytree of NumPy arrays whose row `i`
+    is global row `rows[i]`), split over the batch mesh axes; same tree structure."""
     position = {row: i for i, row in enumerate(rows)}
 
     def build(value: np.ndarray) -> jax.Array:
@@ -190,4 +191,4 @@ def global_batch(mesh: Mesh, local: Mapping[str, np.ndarray], rows: Sequence[int
             shape, value.dtype, batch_sharding(mesh, value.ndim, rules),
             lambda index: value[[position[r] for r in range(*index[0].indices(batch_size))]])
 
-    return {name: build(np.asarray(value)) for name, value in local.items()}
+    return jax.tree.map(lambda value: build(np.asarray(value)), local)

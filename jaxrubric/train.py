@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,23 +17,26 @@ import optax
 from flax import nnx
 
 import jaxrubric
-from jaxrubric import coevolve, flops, placement
+from jaxrubric import flops, placement
 from jaxrubric import sharding as shd
 from jaxrubric.config import load_config, round_config
 from jaxrubric.data import load_anchors, prompt_text
-from jaxrubric.genrubric_round import build_genrubric_setup, genrubric_round
+from jaxrubric.methods import core, get_method
+from jaxrubric.methods.core import Frozen
 from jaxrubric.models.transformer import Decoder
-from jaxrubric.toy import digits_task as toy_digits
+from jaxrubric.roles import ROLES, TRAINED, Role
 from jaxrubric.train_loop import restore_checkpoint, run_training
 
-_CONFIG_FILE = "config.json"
+CONFIG_FILE = "config.json"
 
 
-def _optimizer(lr: float, config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+def make_optimizer(config: ml_collections.ConfigDict, role: Role) -> optax.GradientTransformation:
+    """The AdamW of a trained role (`config.optim`), after global-norm gradient clipping."""
+    optim = config.optim
     return optax.chain(
-        optax.clip_by_global_norm(config.optim.max_grad_norm),
-        optax.adamw(lr, b1=config.optim.b1, b2=config.optim.b2,
-                    weight_decay=config.optim.weight_decay),
+        optax.clip_by_global_norm(optim.max_grad_norm),
+        optax.adamw(optim[f"{role}_lr"], b1=optim.b1, b2=optim.b2,
+                    weight_decay=optim.weight_decay),
     )
 
 
@@ -64,32 +68,33 @@ def reference_params(model: Decoder) -> nnx.State:
         nnx.state(model, nnx.Param))
 
 
-# config.method -> (setup builder, round function)
-_METHODS = {
-    "dynamic_rubric": (coevolve.build_setup, coevolve.dynamic_rubric_round),
-    "genrubric": (build_genrubric_setup, genrubric_round),
-}
-
-# config.oracle -> a jittable ground-truth reward (see `coevolve.RoundSetup.oracle_reward`)
-ORACLES = {"toy_digits": toy_digits.oracle_reward}
+OracleReward = Callable[..., jax.Array]
 
 
 class CoevolveTask:
-    """The `train_loop.Task` of co-evolution by either method (`config.method`). GenRubric
-    ignores the anchor answers of its data rows."""
+    """The `train_loop.Task` of co-evolution by the config's method (`jaxrubric.methods`).
 
-    def __init__(self, config: ml_collections.ConfigDict):
+    `oracle`: the ground-truth reward `config.oracle` names, for worlds that have one (the toy
+    world hands its checker in; `jaxrubric.toy.ORACLES`)."""
+
+    def __init__(self, config: ml_collections.ConfigDict, oracle: OracleReward | None = None):
         self.config = config
+        self.method = get_method(config.method)
+        if bool(config.oracle) != (oracle is not None):
+            raise ValueError(f"config.oracle={config.oracle!r} needs its ground-truth reward "
+                             "function passed as `oracle` (and only then): jaxrubric.toy.ORACLES "
+                             "has the toy world's")
         if any(config.submeshes.values()):
             self.meshes = placement.make_submeshes(dict(config.submeshes))
         else:
-            self.meshes = dict.fromkeys(placement.ROLES, shd.make_mesh(dict(config.mesh)))
+            self.meshes = dict.fromkeys(ROLES, shd.make_mesh(dict(config.mesh)))
         self.colocated = len({id(m) for m in self.meshes.values()}) == 1
         # Batches are placed on the policy's mesh; a stage on another mesh moves what it reads.
-        self.mesh = self.meshes["policy"]
+        self.mesh = self.meshes[Role.POLICY]
+        evaluates = bool(config.data.eval) and self.method.evaluates
         for role, mesh in self.meshes.items():
             ways = shd.batch_ways(mesh)
-            for key in ("batch_size", "eval_batch_size") if config.data.eval else ("batch_size",):
+            for key in ("batch_size", "eval_batch_size") if evaluates else ("batch_size",):
                 size = config.data[key] or config.data.batch_size
                 if size % ways:
                     raise ValueError(
@@ -102,141 +107,147 @@ class CoevolveTask:
             raise ValueError(f"{config.data.train}: no usable rows")
         self.records = loaded.records
         self.skipped_rows = len(loaded.problems)
+        if loaded.problems and jax.process_index() == 0:
+            reasons = "".join(f"\n  {p}" for p in loaded.problems[:3])
+            more = f"\n  ... and {len(loaded.problems) - 3} more" if len(loaded.problems) > 3 else ""
+            print(f"{config.data.train}: skipped {len(loaded.problems)} bad rows of "
+                  f"{len(loaded.problems) + len(loaded.records)} (data.skip_bad_rows):"
+                  f"{reasons}{more}", flush=True)
         self.eval_records = []
-        if config.data.eval:
+        if evaluates:
             size = config.data.eval_batch_size or config.data.batch_size
             self.eval_records = load_anchors(config.data.eval, skip_bad_rows=False).records
             if len(self.eval_records) < size:
                 raise ValueError(f"{config.data.eval}: {len(self.eval_records)} rows, the "
                                  f"held-out batch needs {size}")
             self.eval_records = self.eval_records[:size]
-        if config.oracle and config.oracle not in ORACLES:
-            raise ValueError(f"config.oracle {config.oracle!r} is not one of {sorted(ORACLES)}")
         models = {role: _role_model(config[role], len(self.tokenizer), self.tokenizer,
-                                    self.meshes[role]) for role in placement.ROLES}
+                                    self.meshes[role]) for role in ROLES}
         rc = round_config(config)
-        build, round_fn = _METHODS[config.method]
-        oracle = {"oracle_reward": ORACLES[config.oracle]} if config.oracle else {}
-        if oracle and config.method != "dynamic_rubric":
-            raise ValueError("config.oracle is supported by the dynamic_rubric method only")
-        self.setup = build(
-            rc, self.tokenizer, models["policy"], models["generator"], models["verifier"],
+        self.setup = self.method.build_setup(
+            rc, self.tokenizer, models,
+            optimizers={role: make_optimizer(config, role) for role in TRAINED},
             max_items=config.rubric.max_items, max_item_tokens=config.rubric.max_item_tokens,
-            policy_optimizer=_optimizer(config.optim.policy_lr, config),
-            generator_optimizer=_optimizer(config.optim.generator_lr, config),
             chat_template_kwargs=dict(config.chat_template_kwargs) or None,
-            template_style=config.rubric.template_style, **oracle)
-        frozen = {"verifier": nnx.state(models["verifier"], nnx.Param)}
-        if rc.policy_beta > 0:
-            frozen["policy_ref"] = reference_params(models["policy"])
-        if rc.generator_beta > 0:
-            frozen["generator_ref"] = reference_params(models["generator"])
+            template_style=config.rubric.template_style, oracle_reward=oracle)
+        references = {role: reference_params(models[role]) if rc.needs_reference(role) else None
+                      for role in TRAINED}
+        self.frozen = Frozen(nnx.state(models[Role.VERIFIER], nnx.Param),
+                             policy_ref=references[Role.POLICY],
+                             generator_ref=references[Role.GENERATOR])
         self.models = models
-        self.frozen = frozen
         d = config.data
-        self.round_flops = flops.round_flops_from_setup(
-            self.setup, {"prompt": (d.batch_size, d.prompt_tokens),
-                         "policy_input": (d.batch_size, d.policy_tokens),
-                         "anchors": (d.batch_size, d.num_anchors, d.anchor_tokens)},
-            **{role: models[role].config for role in ("policy", "generator", "verifier")})
-        self._evaluate = None
+        self.round_flops = flops.round_flops(
+            {role: models[role].config for role in ROLES}, rc,
+            self.method.round_shapes(rc, core.round_dims(self.setup, {
+                "question": (d.batch_size, d.prompt_tokens),
+                "policy": (d.batch_size, d.policy_tokens),
+                "anchors": (d.batch_size, d.num_anchors, d.anchor_tokens)})))
         if self.colocated:
-            self._round = coevolve.make_round_step(self.setup, frozen, round_fn)
-            evaluate = jax.jit(lambda state, frozen, batch, rng: (
-                coevolve.dynamic_rubric_evaluation(self.setup, state, frozen, batch, rng)))
+            self._round = core.make_round_step(self.setup, self.frozen, self.method.round)
+            evaluate = jax.jit(lambda state, frozen, batch, rng: self.method.evaluate(
+                self.setup, state, frozen, batch, rng))
         else:
             run = placement.SubMeshes(self.setup, self.meshes)
-            self._round = coevolve.make_submesh_round_step(self.setup, frozen, run, round_fn)
-            evaluate = functools.partial(coevolve.dynamic_rubric_evaluation, self.setup, run=run)
-        if self.eval_records and config.method == "dynamic_rubric":
+            self._round = core.make_submesh_round_step(self.setup, self.frozen, run,
+                                                       self.method.round)
+            evaluate = functools.partial(self.method.evaluate, self.setup, run=run)
+        self._evaluate = None
+        if self.eval_records:
             self._eval_batch = self._encode(self.eval_records)
             self._evaluate = evaluate
 
     # -------------------------------------------------------------- train_loop.Task
-    def init_state(self, rng: jax.Array):
-        return coevolve.init_state(self.setup, self.models["policy"], self.models["generator"])
+    def init_state(self, rng: jax.Array) -> core.RoundState:
+        return core.init_state(self.setup, self.models)
 
-    def abstract_state(self):
+    def abstract_state(self) -> core.RoundState:
         return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
                             self.init_state(jax.random.key(0)))
 
-    def round_step(self, state, batch, rng):
-        state, out = self._round(state, batch, rng)
-        return state, {**out["scalars"], "outputs": out["outputs"]}
+    def round_step(self, state: core.RoundState, batch: core.RoundBatch, rng: jax.Array
+                   ) -> tuple[core.RoundState, core.RoundResult]:
+        return self._round(state, batch, rng)
 
-    def batch(self, position: int) -> dict[str, jax.Array]:
+    def batch(self, position: int) -> core.RoundBatch:
         """The global batch at `position`; each process reads and encodes only the rows its
         own devices hold (`shd.local_rows`), the rest of the global array lives elsewhere."""
         size = self.config.data.batch_size
         return self._encode([self.records[(position * size + i) % len(self.records)]
                              for i in range(size)])
 
-    def evaluate(self, state, round_: int) -> dict[str, jax.Array]:
-        """The held-out batch's rollout without updates (`coevolve.dynamic_rubric_evaluation`),
-        with the same key every time, so that curves move with the models only."""
+    def evaluate(self, state: core.RoundState, round_: int) -> dict[str, jax.Array]:
+        """The held-out batch's rollout without updates (the method's `evaluate`), with the
+        same key every time, so that curves move with the models only."""
         return self._evaluate(state, self.frozen, self._eval_batch,
                               jax.random.key(self.config.seed + 1))
 
-    def _encode(self, records: list) -> dict[str, jax.Array]:
+    def _encode(self, records: list) -> core.RoundBatch:
         cfg = self.config.data
         local = shd.local_rows(self.mesh, len(records))
         rows = [records[i] for i in local]
-        host = coevolve.encode_batch(
+        host = core.encode_batch(
             self.tokenizer, [prompt_text(r.messages) for r in rows],
             [[a.text for a in r.answers[:cfg.num_anchors]] for r in rows],
             prompt_tokens=cfg.prompt_tokens, policy_tokens=cfg.policy_tokens,
             anchor_tokens=cfg.anchor_tokens, num_anchors=cfg.num_anchors)
         return shd.global_batch(self.mesh, host, local, len(records))
 
-    def text_samples(self, state, batch, metrics) -> dict[str, str]:
-        out = metrics["outputs"]
+    def text_samples(self, state: core.RoundState, batch: core.RoundBatch,
+                     result: core.RoundResult) -> dict[str, str]:
+        """The first prompt, its first response and rubric: only those rows leave the device."""
+        out = result.outputs
+        first = jax.device_get((batch.question.tokens[0], batch.question.lengths[0],
+                                out.responses[0, 0], out.response_len[0, 0],
+                                out.rubrics[0, 0], out.rubric_len[0, 0]))
         decode = lambda ids, n: self.tokenizer.decode(np.asarray(ids)[:int(n)])  # noqa: E731
-        return {
-            "sample/prompt": self.tokenizer.decode(
-                np.asarray(batch["prompt"][0])[: int(batch["prompt_len"][0])]),
-            "sample/response": decode(out["responses"][0, 0], out["response_len"][0, 0]),
-            "sample/rubric": decode(out["rubrics"][0, 0], out["rubric_len"][0, 0]),
-        }
+        return {"sample/prompt": decode(*first[0:2]), "sample/response": decode(*first[2:4]),
+                "sample/rubric": decode(*first[4:6])}
 
 
-def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
-    """Builds the task and runs (or resumes) training in `workdir`."""
+def train(config: ml_collections.ConfigDict, workdir: str | Path, *,
+          oracle: OracleReward | None = None, fallback: bool = True) -> dict:
+    """Builds the task and runs (or resumes) training in `workdir`; `oracle` as in
+    `CoevolveTask`, `fallback` as in `train_loop.run_training` (a damaged newest checkpoint:
+    resume from the newest good one, or stop)."""
     # gs:// and other URLs stay URLs (one shared workdir for every host of a pod).
     workdir = epath.Path(workdir if "://" in str(workdir) else Path(workdir).absolute())
     if jax.process_index() == 0:  # one writer on the shared workdir
         workdir.mkdir(parents=True, exist_ok=True)
-        (workdir / _CONFIG_FILE).write_text(config.to_json_best_effort(indent=2))
-    task = CoevolveTask(config)
+        (workdir / CONFIG_FILE).write_text(config.to_json_best_effort(indent=2))
+    task = CoevolveTask(config, oracle)
     return run_training(
         task, workdir=str(workdir), rounds=config.rounds, seed=config.seed,
         checkpoint_every=config.checkpoint_every, keep_checkpoints=config.keep_checkpoints,
         log_every=config.log_every, config=_fingerprinted(config),
         eval_fn=task.evaluate if task._evaluate is not None else None,
-        eval_every=config.eval_every or None, profile_round=config.profile_round or None)
+        eval_every=config.eval_every or None, profile_round=config.profile_round or None,
+        max_skipped_rounds=config.max_skipped_rounds, fallback=fallback)
 
 
 def _fingerprinted(config: ml_collections.ConfigDict) -> dict:
     """The config minus what may change on resume (the number of rounds, logging)."""
     data = json.loads(config.to_json_best_effort())
     for key in ("rounds", "log_every", "checkpoint_every", "keep_checkpoints", "eval_every",
-                "profile_round"):
+                "profile_round", "max_skipped_rounds"):
         data.pop(key, None)
     return data
 
 
-def export(workdir: str | Path, role: str, out: str | Path, *, dtype: str | None = None) -> Path:
+def export(workdir: str | Path, role: str, out: str | Path, *, dtype: Any = None,
+           oracle: OracleReward | None = None) -> Path:
     """Writes the latest checkpoint's `role` (policy or generator) as an HF checkpoint,
-    with the tokenizer beside it."""
-    if role not in ("policy", "generator"):
+    with the tokenizer beside it; `oracle` as the run was trained with (`CoevolveTask`)."""
+    if role not in TRAINED:
         raise ValueError(f"role must be 'policy' or 'generator', got {role!r}")
     workdir = Path(workdir).absolute()
-    config_file = workdir / _CONFIG_FILE
+    config_file = workdir / CONFIG_FILE
     if not config_file.is_file():
         raise FileNotFoundError(f"missing file {config_file}: is {workdir} a training workdir?")
-    task = CoevolveTask(load_config(config_file))
+    task = CoevolveTask(load_config(config_file), oracle)
     state, meta = restore_checkpoint(str(workdir), task.abstract_state())
-    model = nnx.merge(task.setup.policy_graph if role == "policy" else
-                      task.setup.generator_graph, state[role])
+    role = Role(role)
+    model = nnx.merge(task.setup.graph(role), state.role(role).params)
     path = jaxrubric.save_pretrained(model, out, dtype=dtype)
     task.tokenizer.save_pretrained(path)
     print(f"exported the {role} of round {meta['round']} to {path}")

@@ -24,12 +24,15 @@ from contextlib import contextmanager
 from typing import Any, Protocol
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
-from jaxrubric import flops
-from jaxrubric.logging_utils import Progress, SummaryWriter, scalar_metrics
+from jaxrubric import mfu as mfu_lib
+from jaxrubric.logging_utils import SKIPPED_SUFFIX, Progress, SummaryWriter, scalar_metrics
+from jaxrubric.state_digest import digest_mismatch, state_digest
+from jaxrubric.workdir_lock import WorkdirLock
 
 PyTree = Any
 EvalFn = Callable[[PyTree, int], Mapping[str, Any]]
@@ -58,14 +61,17 @@ class Task(Protocol):
                    ) -> tuple[PyTree, Mapping[str, Any]]:
         """One round, jitted with the state donated (the batch must not be donated). The new
         state keeps the shardings of `abstract_state` (pin `out_shardings`) so that a resumed run
-        runs the same program; metrics are replicated device values or host values."""
+        runs the same program. Metrics: a mapping of replicated device (or host) scalars, or a
+        result whose `scalars` is one, its other fields (e.g. token outputs) left on the
+        devices: only scalars are fetched every round."""
 
     def batch(self, position: int) -> PyTree:
         """The deterministic batch at a data position (a per-host shard is allowed)."""
 
     def text_samples(self, state: PyTree, batch: PyTree, metrics: Mapping[str, Any]
                      ) -> Mapping[str, str] | None:
-        """A few texts (e.g. prompt, responses, rubric) for TensorBoard, from host metrics."""
+        """A few texts (e.g. prompt, responses, rubric) for TensorBoard, from the round's
+        metrics as `round_step` returned them (fetch only the rows written)."""
 
     # Optional: `round_flops: float`, the model FLOPs of one round, for MFU logging.
 
@@ -74,12 +80,20 @@ class ConfigMismatchError(ValueError):
     """The workdir holds a checkpoint of a run with another config or seed."""
 
 
+class DamagedCheckpointError(RuntimeError):
+    """A checkpoint cannot be read, or does not hold what was saved."""
+
+
+class NonFiniteError(RuntimeError):
+    """Training stopped: updates kept failing, or the state went non-finite (never saved)."""
+
+
 def run_training(task: Task, *, workdir: str | os.PathLike, rounds: int, seed: int = 0,
                  checkpoint_every: int, keep_checkpoints: int | None = None,
                  log_every: int = 1, eval_fn: EvalFn | None = None,
                  eval_every: int | None = None, config: Any = None,
-                 allow_config_change: bool = False, profile_round: int | None = None
-                 ) -> dict[str, Any]:
+                 allow_config_change: bool = False, profile_round: int | None = None,
+                 max_skipped_rounds: int = 3, fallback: bool = True) -> dict[str, Any]:
     """Runs rounds until `rounds` have been completed in `workdir`, resuming from its latest
     checkpoint, and returns a summary.
 
@@ -102,6 +116,13 @@ def run_training(task: Task, *, workdir: str | os.PathLike, rounds: int, seed: i
         are not part of it and may change between runs.
       profile_round: capture a `jax.profiler` trace of this round into the TensorBoard folder
         (its profile tab splits the compiled round into its stages, op by op).
+      max_skipped_rounds: stop with `NonFiniteError` once a `<name>/skipped_updates` metric
+        (updates skipped for a non-finite loss or gradient) has been non-zero this many rounds
+        in a row. Independently, a state that is not finite is never checkpointed: the run
+        stops instead, and the checkpoints already saved are kept.
+      fallback: every checkpoint carries a digest of its state; resuming, a checkpoint that
+        cannot be read or does not match it is reported and moved aside, and the run resumes
+        from the newest one that verifies. False: stop with `DamagedCheckpointError` instead.
 
     Returns:
       `final_round` (rounds completed), `metrics` (scalar metrics of the last round run, or of
@@ -114,28 +135,37 @@ def run_training(task: Task, *, workdir: str | os.PathLike, rounds: int, seed: i
     workdir = _absolute(workdir)
     run_config = _canonical({"config": config, "seed": seed})
     fingerprint = hashlib.sha256(json.dumps(run_config, sort_keys=True).encode()).hexdigest()
-    manager = _checkpoint_manager(os.path.join(workdir, CHECKPOINT_DIR), checkpoint_every,
-                                  keep_checkpoints)
+    lock = WorkdirLock.acquire(workdir) if jax.process_index() == 0 else None
+    if lock is not None and lock.stale_owner:
+        _say(f"{workdir}: took over a stale lock of a run that is gone ({lock.stale_owner})")
+    try:
+        manager = _checkpoint_manager(os.path.join(workdir, CHECKPOINT_DIR), checkpoint_every,
+                                      keep_checkpoints)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
     progress: Progress | None = None
     writer: SummaryWriter | None = None
     try:
         with _sigterm_flag() as sigterm:
-            resumed_from = manager.latest_step()
-            if resumed_from is None:
+            latest = manager.latest_step()
+            if latest is not None:  # a finished run needs no state: check its meta alone
+                meta = _read_meta(manager, latest)
+                if meta is not None and rounds <= latest:
+                    _check_fingerprint(meta, fingerprint, run_config, allow_config_change)
+                    _say(f"checkpoint at round {latest} already covers rounds={rounds}: "
+                         "nothing to do")
+                    return _summary(latest, meta["metrics"], meta["eval"], latest, False)
+            restored = _restore_newest_good(manager, task.abstract_state, fallback)
+            resumed_from = None if restored is None else restored[0]
+            if restored is None:
                 key = jax.random.key(seed)
                 state = task.init_state(jax.random.fold_in(key, 0))
                 done, position, last_scalars, eval_scalars = 0, 0, {}, {}
             else:
-                meta = manager.restore(resumed_from, args=ocp.args.Composite(
-                    meta=ocp.args.JsonRestore()))["meta"]
+                _, meta, state = restored
                 _check_fingerprint(meta, fingerprint, run_config, allow_config_change)
-                if rounds <= resumed_from:
-                    _say(f"checkpoint at round {resumed_from} already covers rounds={rounds}: "
-                         "nothing to do")
-                    return _summary(resumed_from, meta["metrics"], meta["eval"], resumed_from,
-                                    False)
-                state = manager.restore(resumed_from, args=ocp.args.Composite(
-                    state=ocp.args.StandardRestore(task.abstract_state())))["state"]
                 key = jax.random.wrap_key_data(np.asarray(meta["rng_key_data"], np.uint32),
                                                impl=meta["rng_impl"])
                 done, position = meta["round"], meta["position"]
@@ -161,6 +191,7 @@ def run_training(task: Task, *, workdir: str | os.PathLike, rounds: int, seed: i
             key_meta = {"rng_key_data": np.asarray(jax.random.key_data(key)).tolist(),
                         "rng_impl": str(jax.random.key_impl(key))}
             preempted = False
+            skips = _SkipCounter(max_skipped_rounds)
             batch = task.batch(position)
             tick = time.perf_counter()
             for round_ in range(done + 1, rounds + 1):
@@ -174,10 +205,12 @@ def run_training(task: Task, *, workdir: str | os.PathLike, rounds: int, seed: i
                 final = round_ == rounds
                 # Built on the host while the device runs the round.
                 next_batch = None if final else task.batch(position)
-                metrics = jax.device_get(metrics)
+                # Only scalars are fetched every round; outputs stay on the device until a text
+                # sample reads the few rows it writes.
+                last_scalars = scalar_metrics(jax.device_get(_scalars(metrics)))
                 # Fetch to fetch: host work (batches, logging, the blocking part of saves) counts.
                 seconds, tick = time.perf_counter() - tick, time.perf_counter()
-                last_scalars = scalar_metrics(metrics)
+                skips.record(last_scalars, round_, manager.latest_step())
                 preempted = _stop_requested(sigterm, manager, round_)
 
                 logged = {**last_scalars, "time/round_s": seconds,
@@ -195,9 +228,12 @@ def run_training(task: Task, *, workdir: str | os.PathLike, rounds: int, seed: i
                     if texts:
                         writer.texts(round_, texts)
 
+                if final or preempted or round_ % checkpoint_every == 0:  # a round to save
+                    _check_finite(state, round_, manager.latest_step())
+                saving = final or preempted or round_ % checkpoint_every == 0
                 meta = {"round": round_, "position": position, "fingerprint": fingerprint,
                         "config": run_config, "metrics": last_scalars, "eval": eval_scalars,
-                        **key_meta}
+                        "digest": state_digest(state) if saving else {}, **key_meta}
                 manager.save(round_, args=ocp.args.Composite(
                     state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
                     force=final or preempted)
@@ -213,16 +249,66 @@ def run_training(task: Task, *, workdir: str | os.PathLike, rounds: int, seed: i
         # its writes finish, so wait for them before the process goes.
         manager.wait_until_finished()
         manager.close()
+        if lock is not None:
+            lock.release()
         if writer is not None:
             writer.close()
         if progress is not None:
             progress.close()
 
 
+class _SkipCounter:
+    """Consecutive rounds with skipped (non-finite) updates, per `<name>/skipped_updates`."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.runs: dict[str, int] = {}
+
+    def record(self, scalars: Mapping[str, float], round_: int, last_checkpoint: int | None
+               ) -> None:
+        for name, value in scalars.items():
+            if not name.endswith(SKIPPED_SUFFIX):
+                continue
+            self.runs[name] = self.runs.get(name, 0) + 1 if value else 0
+            if self.runs[name] >= self.limit:
+                who = name.removesuffix(SKIPPED_SUFFIX)
+                raise NonFiniteError(
+                    f"round {round_}: the {who} update was skipped {self.runs[name]} rounds in "
+                    f"a row (non-finite loss or gradient; try a lower learning rate); its "
+                    f"weights are those of before the skips. Last checkpoint: "
+                    f"{_describe_checkpoint(last_checkpoint)}")
+
+
+def _check_finite(state: PyTree, round_: int, last_checkpoint: int | None) -> None:
+    """Refuses to checkpoint a state with a NaN or inf (it would replace good ones)."""
+    if not bool(_all_finite(state)):
+        raise NonFiniteError(
+            f"round {round_}: the state holds non-finite values; not saved. Last checkpoint: "
+            f"{_describe_checkpoint(last_checkpoint)}")
+
+
+@jax.jit
+def _all_finite(state: PyTree) -> jax.Array:
+    floats = [x for x in jax.tree.leaves(state) if jnp.issubdtype(x.dtype, jnp.inexact)]
+    return jnp.all(jnp.stack([jnp.isfinite(x).all() for x in floats])) if floats else True
+
+
+def _describe_checkpoint(step: int | None) -> str:
+    return "none saved yet" if step is None else f"round {step}"
+
+
+def _scalars(metrics: Any) -> dict[str, Any]:
+    """The single-element entries of a round's metrics (`Task.round_step`): of `metrics.scalars`
+    when the task returns its outputs beside them, else of the mapping itself."""
+    scalars = getattr(metrics, "scalars", metrics)
+    return {name: value for name, value in scalars.items() if np.size(value) == 1}
+
+
 def restore_checkpoint(workdir: str | os.PathLike, abstract_state: PyTree,
                        round_: int | None = None) -> tuple[PyTree, dict[str, Any]]:
     """The state and metadata saved by `run_training` at `round_` (None: the latest), e.g. for
-    export or evaluation; `abstract_state` is the restore target (`Task.abstract_state()`)."""
+    export or evaluation; `abstract_state` is the restore target (`Task.abstract_state()`).
+    A checkpoint that cannot be read or fails its digest raises `DamagedCheckpointError`."""
     directory = os.path.join(_absolute(workdir), CHECKPOINT_DIR)
     options = ocp.CheckpointManagerOptions(read_only=True, create=False)
     with ocp.CheckpointManager(directory, options=options, item_names=("state", "meta")
@@ -230,9 +316,75 @@ def restore_checkpoint(workdir: str | os.PathLike, abstract_state: PyTree,
         step = manager.latest_step() if round_ is None else round_
         if step is None:
             raise FileNotFoundError(f"no checkpoint under {directory}")
+        state, meta, problem = _restore_verified(manager, step, abstract_state)
+    if problem is not None:
+        raise DamagedCheckpointError(f"checkpoint of round {step} in {directory} is damaged: {problem}")
+    return state, meta
+
+
+def _read_meta(manager: ocp.CheckpointManager, step: int) -> dict[str, Any] | None:
+    """A checkpoint's metadata, or None when it cannot be read."""
+    try:
+        return dict(manager.restore(step, args=ocp.args.Composite(
+            meta=ocp.args.JsonRestore()))["meta"])
+    except Exception:  # noqa: BLE001 - any read failure marks it damaged, see the callers
+        return None
+
+
+def _restore_verified(manager: ocp.CheckpointManager, step: int, abstract_state: PyTree
+                      ) -> tuple[PyTree, dict[str, Any], str | None]:
+    """`(state, meta, None)`, or `(None, None, what is wrong)` when the checkpoint of `step`
+    cannot be read or its state does not match the digest saved with it."""
+    try:
         restored = manager.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
-    return restored["state"], dict(restored["meta"])
+    except Exception as err:  # noqa: BLE001 - orbax/TensorStore raise many kinds
+        lines = [line for line in str(err).strip().splitlines() if line.strip()]
+        return None, None, f"unreadable ({type(err).__name__}: {(lines or [''])[-1][:200]})"
+    meta = dict(restored["meta"])
+    problem = digest_mismatch(restored["state"], meta["digest"]) if meta.get("digest") else None
+    return (None, None, problem) if problem else (restored["state"], meta, None)
+
+
+def _restore_newest_good(manager: ocp.CheckpointManager, abstract_state: Callable[[], PyTree],
+                         fallback: bool) -> tuple[int, dict[str, Any], PyTree] | None:
+    """The newest checkpoint that reads and verifies, as `(step, meta, state)`; None when there
+    is none. Damaged newer ones are reported and, once a good one is found, moved aside to
+    `checkpoints/<step>.corrupt` (never deleted). With every checkpoint failing, nothing is
+    moved (more likely code that no longer reads them than damage): `DamagedCheckpointError`."""
+    steps = sorted(manager.all_steps(), reverse=True)
+    damaged: list[tuple[int, str]] = []
+    for step in steps:
+        state, meta, problem = _restore_verified(manager, step, abstract_state())
+        if problem is None:
+            break
+        _say(f"checkpoint of round {step} is damaged: {problem}")
+        damaged.append((step, problem))
+        if not fallback:
+            raise DamagedCheckpointError(f"checkpoint of round {step} is damaged: {problem}; stopping "
+                                  "(without --no-fallback the run resumes from the newest good "
+                                  "checkpoint)")
+    else:
+        if steps:
+            raise DamagedCheckpointError(f"no checkpoint in {manager.directory} can be restored: "
+                                  + "; ".join(f"round {s}: {p}" for s, p in damaged))
+        return None
+    if damaged:
+        _move_aside(manager, [s for s, _ in damaged])
+        _say(f"resuming from round {step}, the newest good checkpoint; the damaged ones were "
+             f"moved to {', '.join(f'{s}.corrupt' for s, _ in damaged)}")
+    return step, meta, state
+
+
+def _move_aside(manager: ocp.CheckpointManager, steps: list[int]) -> None:
+    """Renames damaged checkpoints to `<step>.corrupt` (process 0) and rescans (every process)."""
+    if jax.process_index() == 0:
+        for step in steps:
+            source = manager.directory / str(step)
+            source.rename(source.parent / f"{step}.corrupt")
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices("jaxrubric: damaged checkpoints moved aside")
+    manager.reload()
 
 
 def _checkpoint_manager(directory: str, every: int, keep: int | None
@@ -285,7 +437,7 @@ def _throughput(task: Task, seconds: float, first: bool) -> dict[str, float]:
         return {}
     devices = jax.device_count()
     out = {"perf/tflops_per_s_per_device": model_flops / seconds / devices / 1e12}
-    utilisation = flops.mfu(model_flops, seconds, devices, jax.devices()[0].device_kind)
+    utilisation = mfu_lib.mfu(model_flops, seconds, devices, jax.devices()[0].device_kind)
     if utilisation is not None:
         out["perf/mfu"] = utilisation
     return out

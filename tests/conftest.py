@@ -28,3 +28,25 @@ jax.config.update("jax_default_matmul_precision", "highest")
 # No persistent compilation cache here: with one per xdist worker, a worker crashed with a fatal
 # signal on CI inside a jitted call (stop 10); XLA:CPU executable (de)serialisation is the one thing
 # that run added, and it saved only ~30 s of the suite.
+
+import pytest  # noqa: E402
+
+from jaxrubric import sharding as shd  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def round_mesh():
+    """The mesh of the round tests (tests/helpers.py, `round_case`): 2-way data parallel and
+    4-way tensor parallel over the 8 fake devices."""
+    return shd.make_mesh({"data": 2, "fsdp": 1, "tensor": 4})
+
+
+@pytest.fixture(scope="module")
+def datasets_cache(tmp_path_factory):
+    """Keeps the Arrow caches `datasets` writes for a module's temporary files out of
+    ~/.cache (use with `pytestmark = pytest.mark.usefixtures("datasets_cache")`)."""
+    import datasets
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path_factory.mktemp("hf_cache"))
+        yield

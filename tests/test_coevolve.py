@@ -5,91 +5,93 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
-from tokenizer_fixtures import byte_level_bpe
+from helpers import changed_roles, round_case, trained_params
 
 import jaxrubric
-from jaxrubric import coevolve
-from jaxrubric import sharding as shd
-
-QUESTIONS = ["Sort the digits 3 1 2.", "Reverse the word cat."]
-ANCHORS = [["1 2 3", "1 3 2", "3 2 1"], ["tac", "act"]]
-
-
-def _setup(config, mesh):
-    tok = byte_level_bpe()
-    cfg = jaxrubric.tiny_config("qwen3", vocab_size=len(tok), eos_token_ids=(tok.eos_token_id,),
-                                pad_token_id=tok.pad_token_id)
-    models = [shd.shard_model(jaxrubric.init_model(cfg, seed=s), mesh) for s in (1, 2, 3)]
-    policy, generator, verifier = models
-    setup = coevolve.build_setup(
-        config, tok, policy, generator, verifier, max_items=3, max_item_tokens=6,
-        policy_optimizer=optax.adam(1e-3), generator_optimizer=optax.adam(1e-3))
-    state = coevolve.init_state(setup, policy, generator)
-    frozen = {"verifier": nnx_params(verifier), "policy_ref": nnx_params(policy),
-              "generator_ref": nnx_params(generator)}
-    batch = coevolve.encode_batch(tok, QUESTIONS, ANCHORS, prompt_tokens=16,
-                                  policy_tokens=32, anchor_tokens=8, num_anchors=3)
-    batch = {k: jax.device_put(v, shd.batch_sharding(mesh, v.ndim)) for k, v in batch.items()}
-    return setup, state, frozen, batch
+from jaxrubric import placement
+from jaxrubric.methods import DYNAMIC_RUBRIC, dynamic_rubric
+from jaxrubric.methods.core import RoundConfig, RoundResult, RoundState
+from jaxrubric.roles import TRAINED
 
 
-def nnx_params(model):
-    from flax import nnx
-    return jax.tree.map(jnp.copy, nnx.state(model, nnx.Param))
-
-
-@pytest.fixture(scope="module")
-def mesh():
-    return shd.make_mesh({"data": 2, "fsdp": 1, "tensor": 4})
-
-
-def test_round_updates_both_models_and_compiles_once(mesh):
+def test_round_updates_both_models_and_compiles_once(round_mesh):
     # Soft verdicts: an untrained verifier says "no" to nearly everything, so 0/1 verdicts
     # would give zero rewards and zero gradients.
-    config = coevolve.RoundConfig(num_responses=4, num_rubrics=2, response_tokens=12,
-                                  logprob_chunk=8, soft_verdicts=True)
-    setup, state, frozen, batch = _setup(config, mesh)
-    before = jax.tree.map(np.asarray, {k: state[k] for k in ("policy", "generator")})
-    step = coevolve.make_round_step(setup, frozen)
+    config = RoundConfig(num_responses=4, num_rubrics=2, response_tokens=12, logprob_chunk=8,
+                         soft_verdicts=True)
+    case = round_case(DYNAMIC_RUBRIC, config, round_mesh)
+    state = case.state
+    before = trained_params(state)
+    step = case.round_step()
     for r in range(2):
-        state, out = step(state, batch, jax.random.key(r))
-    scalars = jax.device_get(out["scalars"])
-    assert int(state["round"]) == 2
+        state, out = step(state, case.batch, jax.random.key(r))
+    assert isinstance(state, RoundState) and isinstance(out, RoundResult)
+    assert isinstance(out.outputs, dynamic_rubric.Outputs)
+    scalars = jax.device_get(out.scalars)
+    assert int(state.round) == 2
     assert all(np.isfinite(v) for v in scalars.values()), scalars
     assert scalars["rubric/valid_rate"] == 1.0 and 1 <= scalars["rubric/items"] <= 3
     assert scalars["policy/grad_norm"] > 0 and scalars["generator/grad_norm"] > 0
-    for role in ("policy", "generator"):
-        changed = jax.tree.map(lambda a, b: not np.allclose(a, np.asarray(b)), before[role],
-                               state[role])
-        assert any(jax.tree.leaves(changed)), role
+    assert changed_roles(before, state) == set(TRAINED)
     assert step.jitted._cache_size() == 1
-    assert out["outputs"]["responses"].shape == (2, 4, 12)
-    assert out["outputs"]["scores"].shape == (2, 4, 2)
+    assert out.outputs.responses.shape == (2, 4, 12)
+    assert out.outputs.scores.shape == (2, 4, 2)
 
 
-def test_static_rubrics_and_the_oracle_reward(mesh):
+def test_static_rubrics_and_the_oracle_reward(round_mesh):
     """`rubric_source="static"`: the generator's prompt holds the question alone; the policy
     can be rewarded by a ground-truth function instead of rubric scores."""
-    config = coevolve.RoundConfig(num_responses=2, num_rubrics=2, response_tokens=4,
-                                  rubric_source="static", policy_reward="oracle",
-                                  freeze_generator=True, freeze_policy=True)
+    config = RoundConfig(num_responses=2, num_rubrics=2, response_tokens=4,
+                         rubric_source="static", policy_reward="oracle",
+                         freeze_generator=True, freeze_policy=True)
     with pytest.raises(ValueError, match="oracle_reward"):
-        _setup(config, mesh)
+        round_case(DYNAMIC_RUBRIC, config, round_mesh)
     with pytest.raises(ValueError, match="rubric_source"):
-        coevolve.RoundConfig(rubric_source="both")
-    setup, state, frozen, batch = _setup(coevolve.RoundConfig(
+        RoundConfig(rubric_source="both")
+    case = round_case(DYNAMIC_RUBRIC, RoundConfig(
         num_responses=2, num_rubrics=2, response_tokens=4, rubric_source="static",
-        freeze_generator=True, freeze_policy=True), mesh)
-    assert setup.generator_template.slots == ("prompt",)
-    oracle = lambda tokens, lengths, batch: lengths.astype(jnp.float32)  # noqa: E731
-    setup = dataclasses.replace(setup, config=dataclasses.replace(
-        setup.config, policy_reward="oracle"), oracle_reward=oracle)
-    out = jax.jit(lambda s, f, b, r: coevolve.dynamic_rubric_rollout(setup, s, f, b, r))(
-        state, frozen, batch, jax.random.key(0))
+        freeze_generator=True, freeze_policy=True), round_mesh)
+    assert case.setup.generator_template.slots == ("prompt",)
+    oracle = lambda tokens, lengths, question: lengths.astype(jnp.float32)  # noqa: E731
+    setup = dataclasses.replace(case.setup, config=dataclasses.replace(
+        case.setup.config, policy_reward="oracle"), oracle_reward=oracle)
+    out = jax.jit(lambda s, f, b, r: dynamic_rubric.rollout(setup, s, f, b, r,
+                                                            placement.colocated(setup)))(
+        case.state, case.frozen, case.batch, jax.random.key(0))
     np.testing.assert_array_equal(np.asarray(out.judged.policy_reward), np.asarray(out.text_len))
-    assert out.rubrics.tokens.shape[:2] == (batch["prompt"].shape[0], 2)
+    assert out.rubrics.tokens.shape[:2] == (case.batch.question.tokens.shape[0], 2)
+
+
+def test_methods_are_registered_by_name():
+    from jaxrubric.methods import GENRUBRIC, METHODS, get_method
+
+    assert METHODS == {"dynamic_rubric": DYNAMIC_RUBRIC, "genrubric": GENRUBRIC}
+    assert get_method("dynamic_rubric") is DYNAMIC_RUBRIC and get_method("genrubric") is GENRUBRIC
+    with pytest.raises(ValueError, match="'genrubrik' is not one of .*did you mean 'genrubric'"):
+        get_method("genrubrik")
+    assert DYNAMIC_RUBRIC.evaluates and not GENRUBRIC.evaluates
+
+
+def test_evaluation_gaps_the_listed_anchor_pairs_under_the_valid_groups():
+    """`anchor_delta_gap`: the mean score difference of every better-worse pair of listed
+    anchor answers, each scored by the mean of the valid groups."""
+    anchor_scores = jnp.asarray([[[0.9, 0.0], [0.5, 1.0], [0.2, 1.0], [0.1, 0.0]],
+                                 [[0.6, 0.3], [0.7, 0.1], [0.0, 0.0], [0.0, 0.0]]])
+    group_valid = jnp.asarray([[True, False], [True, True]])
+    scores = jnp.asarray([[[0.2, 1.0], [0.4, 1.0]], [[1.0, 0.0], [0.5, 0.5]]])  # [B, K, G]
+    mask = jnp.asarray([[True, True, True, False], [True, True, False, False]])
+    judged = dynamic_rubric.Judged(*[None] * len(dynamic_rubric.Judged._fields))._replace(
+        anchor_scores=anchor_scores, group_valid=group_valid, scores=scores)
+    anchors = dynamic_rubric.Anchors(None, None, mask)
+    metrics = jax.device_get(dynamic_rubric.evaluation_stage(None, anchors, judged))
+    # Row 0 (group 0 only): 0.9, 0.5, 0.2 -> gaps 0.4, 0.7, 0.3; row 1: 0.45, 0.4 -> 0.05.
+    assert metrics["anchor_delta_gap"] == pytest.approx((0.4 + 0.7 + 0.3 + 0.05) / 4)
+    assert metrics["policy_score"] == pytest.approx((0.2 + 0.4 + 0.5 + 0.5) / 4)
+    assert metrics["rubric_valid_rate"] == pytest.approx(0.75)
+    assert "quality" not in metrics
+    judged = judged._replace(oracle_reward=jnp.asarray([[1.0, 0.0], [0.5, 0.5]]))
+    assert float(dynamic_rubric.evaluation_stage(None, anchors, judged)["quality"]) == 0.5
 
 
 @pytest.mark.parametrize("dtype, param_dtype, stored", [

@@ -20,12 +20,7 @@ HEALTHBENCH = Path(__file__).parent / "data" / "healthbench_oss_eval_30examples.
 datasets.disable_progress_bars()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _datasets_cache(tmp_path_factory):
-    """Keeps the Arrow caches `datasets` writes for these temporary files out of ~/.cache."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path_factory.mktemp("hf_cache"))
-        yield
+pytestmark = pytest.mark.usefixtures("datasets_cache")
 
 
 def _healthbench_raw():

@@ -1,33 +1,31 @@
 """Model FLOPs: a hand count, XLA's own count of the compiled forward and backward, the round's
 shapes against the arrays the round builds, the peak table and MFU."""
 
-import dataclasses
-from pathlib import Path
-
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from flax import nnx
+from helpers import TINY_TOKENIZER, abstract_models, build_setup, tiny_model_config
 
 import jaxrubric
-from jaxrubric import coevolve, flops
-from jaxrubric import genrubric_round as gr_round
-from jaxrubric.models.transformer import Decoder
+from jaxrubric import flops
+from jaxrubric import mfu as mfu_lib
+from jaxrubric.methods import DYNAMIC_RUBRIC, GENRUBRIC, core
+from jaxrubric.methods.core import RoundConfig, RoundDims, Sampling, Update, Verification
+from jaxrubric.roles import ROLES, Role
 from jaxrubric.rubric import grammar as grammar_lib
 from jaxrubric.rubric import templates as tpl
 from jaxrubric.rubric import verifier as ver
 
-TOKENIZER = Path(__file__).resolve().parents[1] / "configs" / "assets" / "tiny_tokenizer"
 # XLA also counts elementwise work (norms, softmax, RoPE, SiLU) that model FLOPs leave out;
 # on the tiny model that is a few percent of the matmuls.
 XLA_TOLERANCE = 0.10
 
 
-def _abstract_model(cfg) -> Decoder:
-    """A model with parameter shapes but no weights: enough to compile it or build a setup."""
-    return nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
+def _abstract_model(cfg):
+    """A model with parameter shapes but no weights: enough to compile it."""
+    return abstract_models(cfg)[Role.POLICY]
 
 
 def _xla_flops(fn, *args) -> float:
@@ -79,7 +77,7 @@ def test_teacher_forced_projects_only_the_completion():
     completion = jnp.zeros((rows, completion_len), jnp.int32)
 
     def logprobs(p, prompt, completion):
-        return coevolve.completion_logprobs(nnx.merge(graph, p), prompt,
+        return core.completion_logprobs(nnx.merge(graph, p), prompt,
                                             jnp.ones_like(prompt, bool), completion,
                                             chunk_size=completion_len)
 
@@ -115,16 +113,11 @@ def test_tree_verification_counts_the_pairs_the_tree_mask_allows():
                                    branch_len=item_len + 2) == pytest.approx(expected)
 
 
-def _setup(method: str, round_config: coevolve.RoundConfig):
-    tok = jaxrubric.load_tokenizer(str(TOKENIZER))
-    cfg = jaxrubric.tiny_config("qwen3", vocab_size=len(tok), eos_token_ids=(tok.eos_token_id,),
-                                pad_token_id=tok.pad_token_id)
+def _setup(method: str, round_config: RoundConfig):
+    tok = jaxrubric.load_tokenizer(str(TINY_TOKENIZER))
+    cfg = tiny_model_config(tok)
     # A setup takes only the models' graphs and configs.
-    model = _abstract_model(cfg)
-    build = coevolve.build_setup if method == "dynamic_rubric" else gr_round.build_genrubric_setup
-    setup = build(round_config, tok, model, model, model, max_items=3, max_item_tokens=6,
-                  policy_optimizer=optax.adam(1e-3), generator_optimizer=optax.adam(1e-3))
-    return setup, cfg
+    return build_setup(method, round_config, tok, abstract_models(cfg)), cfg, tok
 
 
 def _int(shape):
@@ -133,14 +126,15 @@ def _int(shape):
 
 def test_round_shapes_are_the_shapes_the_round_builds():
     B, Lq, Lp, n, La = 2, 16, 32, 3, 8
-    config = coevolve.RoundConfig(num_responses=4, num_rubrics=2, response_tokens=12)
+    config = RoundConfig(num_responses=4, num_rubrics=2, response_tokens=12)
     K, G, Lr = 4, 2, 12
-    batch_shapes = {"prompt": (B, Lq), "policy_input": (B, Lp), "anchors": (B, n, La)}
-    setup, cfg = _setup("dynamic_rubric", config)
-    shapes = flops.round_shapes(setup, batch_shapes)
-    assert flops.round_flops_from_setup(
-        setup, batch_shapes, policy=cfg, generator=cfg, verifier=cfg
-    ) == flops.round_flops(cfg, cfg, cfg, config, shapes)
+    batch_shapes = {"question": (B, Lq), "policy": (B, Lp), "anchors": (B, n, La)}
+    setup, cfg, tok = _setup("dynamic_rubric", config)
+    dims = core.round_dims(setup, batch_shapes)
+    shapes = DYNAMIC_RUBRIC.round_shapes(config, dims)
+    models = dict.fromkeys(ROLES, cfg)
+    assert flops.round_flops(models, config, shapes) == pytest.approx(
+        sum(flops.round_flops_by_stage(models, config, shapes).values()))
     grammar = setup.grammar
 
     def built(prompt, responses, anchors, rubrics):
@@ -160,16 +154,35 @@ def test_round_shapes_are_the_shapes_the_round_builds():
     gen, prefix, anchor_prefix, items, tree = jax.eval_shape(
         built, _int((B, Lq)), _int((B, K, Lr)), _int((B, n, La)),
         _int((B, G, grammar.max_rubric_tokens)))
-    assert shapes == flops.RoundShapes(
-        "dynamic_rubric", batch=B, policy_prompt=Lp, generator_prompt=gen.shape[-1],
-        rubric=grammar.max_rubric_tokens, items=items.shape[2],
-        branch=(tree.shape[-1] - prefix.shape[-1]) // (G * items.shape[2]),
-        verifier_prefix=prefix.shape[-1], anchors=n, anchor_prefix=anchor_prefix.shape[-1])
+    rubric, M = grammar.max_rubric_tokens, items.shape[2]
+    branch = (tree.shape[-1] - prefix.shape[-1]) // (G * M)
+    assert shapes.sampling == (
+        Sampling(Role.POLICY, "policy rollout", B, K, Lp, Lr),
+        Sampling(Role.GENERATOR, "generator rollout", B, G, gen.shape[-1], rubric))
+    assert shapes.verification == (
+        Verification("responses", B * K, prefix.shape[-1], G * M, branch),
+        Verification("anchors", B * n, anchor_prefix.shape[-1], G * M, branch))
+    assert shapes.verification[0].length == tree.shape[-1]
+    assert shapes.updates == (Update(Role.GENERATOR, B * G, gen.shape[-1], rubric),
+                              Update(Role.POLICY, B * K, Lp, Lr))
 
-    gr_setup, _ = _setup("genrubric", config)
-    gr_shapes = flops.round_shapes(gr_setup, batch_shapes)
+    # The bytes a stage reads per prompt: the batch's rows as `encode_batch` builds them.
+    host = core.encode_batch(tok, ["Sort 3 1 2.", "Reverse cat."], [["1 2 3"], ["tac"]],
+                             prompt_tokens=Lq, policy_tokens=Lp, anchor_tokens=La,
+                             num_anchors=n)
+    row_bytes = lambda tree: sum(x.nbytes for x in jax.tree.leaves(tree)) // B  # noqa: E731
+    assert core.question_row_bytes(dims) == row_bytes(host.question)
+    assert core.anchor_row_bytes(dims) == row_bytes(host.anchors)
+    assert core.batch_row_bytes(dims) == row_bytes(host)
+    stages = {"policy rollout", "generator rollout", "verifier", "generator update",
+              "policy update"}
+    assert set(shapes.reads) == stages
+
+    gr_setup, _, _ = _setup("genrubric", config)
+    gr_shapes = GENRUBRIC.round_shapes(config, core.round_dims(gr_setup, batch_shapes))
     # Signed weights ("-5") make GenRubric's longest rubric longer than DynamicRubric's.
     gr_rubric = gr_setup.grammar.max_rubric_tokens
+    assert gr_rubric > rubric
     slots = {"rubric": _int((B, G, gr_rubric)), "prompt": _int((B, 1, Lq))}
     induced = jax.eval_shape(
         lambda *t: tpl.assemble(gr_setup.induced_template, t,
@@ -178,48 +191,74 @@ def test_round_shapes_are_the_shapes_the_round_builds():
     gr_gen = jax.eval_shape(lambda p: tpl.assemble(gr_setup.generator_template, [p],
                                                    [jnp.ones(B, jnp.int32)]).tokens,
                             _int((B, Lq)))
-    assert (gr_shapes.method, gr_shapes.anchors) == ("genrubric", 0)
-    assert gr_shapes.policy_prompt == induced.shape[-1]
-    assert gr_shapes.generator_prompt == gr_gen.shape[-1]
-    assert gr_shapes.verifier_prefix == prefix.shape[-1]
+    assert gr_shapes.sampling == (
+        Sampling(Role.GENERATOR, "generator rollout", B, G, gr_gen.shape[-1], gr_rubric),
+        Sampling(Role.POLICY, "policy rollout (induced responses)", B * G, 1,
+                 induced.shape[-1], Lr))
+    # No anchors: the induced responses alone, under the same verifier prefix.
+    assert gr_shapes.verification == (
+        Verification("induced responses", B * G, prefix.shape[-1], G * M, branch),)
+    assert gr_shapes.updates == (Update(Role.GENERATOR, B * G, gr_gen.shape[-1], gr_rubric),
+                                 Update(Role.POLICY, B * G, induced.shape[-1], Lr))
+    assert set(gr_shapes.reads) == stages
+
+
+# Hand-picked dims: a policy prompt of 32, a generator prompt of 136 + 16 + 4 x 12 = 200, a
+# rubric of 40, 3 items, branches of 6 + 3 = 9, verifier prefixes of 32 + 16 + 12 = 60
+# (responses) and 32 + 16 + 2 = 50 (anchors), an induced prompt of 10 + 40 + 16 = 66.
+DIMS = RoundDims(batch=2, question=16, policy_prompt=32, anchors=3, anchor_len=2, rubric=40,
+                 items=3, item_tokens=6, generator_constant=136, verifier_head=32,
+                 readout_suffix=3, induced_constant=10)
 
 
 def test_round_flops_stages_follow_the_config():
-    cfg = jaxrubric.tiny_config()
-    shapes = flops.RoundShapes("dynamic_rubric", batch=2, policy_prompt=32, generator_prompt=200,
-                               rubric=40, items=3, branch=9, verifier_prefix=60, anchors=3,
-                               anchor_prefix=50)
-    base = coevolve.RoundConfig(num_responses=4, num_rubrics=2, response_tokens=12)
-    stages = flops.round_flops_by_stage(cfg, cfg, cfg, base, shapes)
+    # A model per role, each of its own size: every stage must count its own role's model.
+    models = {Role.POLICY: jaxrubric.tiny_config(), Role.GENERATOR: jaxrubric.tiny_config(
+        num_layers=3), Role.VERIFIER: jaxrubric.tiny_config(num_layers=1, hidden_size=32)}
+    policy, generator, verifier = (models[r] for r in (Role.POLICY, Role.GENERATOR,
+                                                        Role.VERIFIER))
+    base = RoundConfig(num_responses=4, num_rubrics=2, response_tokens=12)
+    shapes = DYNAMIC_RUBRIC.round_shapes(base, DIMS)
+    stages = flops.round_flops_by_stage(models, base, shapes)
     assert set(stages) == {"policy/sample", "generator/sample", "verifier/responses",
                            "verifier/anchors", "policy/reference", "policy/update",
                            "generator/reference", "generator/update"}
-    policy_forward = flops.teacher_forced_flops(cfg, rows=8, prompt_len=32, completion_len=12)
+    policy_forward = flops.teacher_forced_flops(policy, rows=8, prompt_len=32, completion_len=12)
     assert stages["policy/reference"] == policy_forward
     assert stages["policy/update"] == 3 * policy_forward
     assert stages["generator/update"] == 3 * flops.teacher_forced_flops(
-        cfg, rows=4, prompt_len=200, completion_len=40)
-    assert stages["policy/sample"] == flops.sampling_flops(cfg, prompts=2, prompt_len=32,
+        generator, rows=4, prompt_len=200, completion_len=40)
+    assert stages["policy/sample"] == flops.sampling_flops(policy, prompts=2, prompt_len=32,
                                                            samples=4, new_tokens=12)
-    assert stages["verifier/anchors"] == flops.tree_verify_flops(cfg, rows=6, prefix_len=50,
+    assert stages["generator/sample"] == flops.sampling_flops(generator, prompts=2,
+                                                              prompt_len=200, samples=2,
+                                                              new_tokens=40)
+    assert stages["verifier/responses"] == flops.tree_verify_flops(
+        verifier, rows=8, prefix_len=60, branches=6, branch_len=9)
+    assert stages["verifier/anchors"] == flops.tree_verify_flops(verifier, rows=6, prefix_len=50,
                                                                  branches=6, branch_len=9)
-    assert flops.round_flops(cfg, cfg, cfg, base, shapes) == pytest.approx(sum(stages.values()))
+    assert flops.round_flops(models, base, shapes) == pytest.approx(sum(stages.values()))
 
-    varied = coevolve.RoundConfig(num_responses=4, num_rubrics=2, response_tokens=12,
-                                  policy_beta=0.0, num_updates=2, freeze_generator=True)
-    stages = flops.round_flops_by_stage(cfg, cfg, cfg, varied, shapes)
+    varied = RoundConfig(num_responses=4, num_rubrics=2, response_tokens=12, policy_beta=0.0,
+                         num_updates=2, freeze_generator=True)
+    stages = flops.round_flops_by_stage(models, varied, DYNAMIC_RUBRIC.round_shapes(varied, DIMS))
     assert set(stages) == {"policy/sample", "generator/sample", "verifier/responses",
                            "verifier/anchors", "policy/update"}
     assert stages["policy/update"] == 6 * policy_forward
 
-    gr_shapes = dataclasses.replace(shapes, method="genrubric", anchors=0, anchor_prefix=0)
-    gr = flops.round_flops_by_stage(cfg, cfg, cfg, base, gr_shapes)
-    assert "verifier/anchors" not in gr
+    gr = flops.round_flops_by_stage(models, base, GENRUBRIC.round_shapes(base, DIMS))
+    assert set(gr) == {"generator/sample", "policy/sample", "verifier/induced responses",
+                       "generator/reference", "generator/update", "policy/reference",
+                       "policy/update"}
     # GenRubric: one induced answer per (prompt, rubric group): B * G rows, one sample each.
-    assert gr["policy/sample"] == flops.sampling_flops(cfg, prompts=4, prompt_len=32, samples=1,
-                                                       new_tokens=12)
-    assert gr["verifier/responses"] == flops.tree_verify_flops(cfg, rows=4, prefix_len=60,
-                                                               branches=6, branch_len=9)
+    assert gr["policy/sample"] == flops.sampling_flops(policy, prompts=4, prompt_len=66,
+                                                       samples=1, new_tokens=12)
+    assert gr["verifier/induced responses"] == flops.tree_verify_flops(
+        verifier, rows=4, prefix_len=60, branches=6, branch_len=9)
+    assert gr["generator/update"] == 3 * flops.teacher_forced_flops(
+        generator, rows=4, prompt_len=152, completion_len=40)
+    assert gr["policy/update"] == 3 * flops.teacher_forced_flops(
+        policy, rows=4, prompt_len=66, completion_len=12)
 
 
 @pytest.mark.parametrize("kind, peak", [
@@ -230,20 +269,20 @@ def test_round_flops_stages_follow_the_config():
     ("NVIDIA A100-SXM4-40GB", 312e12), ("NVIDIA A100 80GB PCIe", 312e12),
 ])
 def test_peak_flops_of_known_devices(kind, peak):
-    assert flops.peak_flops(kind) == peak
+    assert mfu_lib.peak_flops(kind) == peak
 
 
 @pytest.mark.parametrize("kind", ["cpu", "TFRT_CPU_0", "TPU v4 lite", "TPU v3",
                                   "NVIDIA GH200 480GB", "NVIDIA H800", "Tesla V100-SXM2-16GB"])
 def test_unknown_devices_have_no_peak(kind):
-    assert flops.peak_flops(kind) is None
+    assert mfu_lib.peak_flops(kind) is None
 
 
 def test_mfu():
     # 4 H100s at 989 TFLOP/s for 2 s could do 7912 TFLOPs; 1978.0 TFLOPs is a quarter of it.
-    assert flops.mfu(1978e12, 2.0, 4, "NVIDIA H100 80GB HBM3") == pytest.approx(0.25)
-    assert flops.mfu(1e12, 1.0, 8, jax.devices()[0].device_kind) is None  # CPU
+    assert mfu_lib.mfu(1978e12, 2.0, 4, "NVIDIA H100 80GB HBM3") == pytest.approx(0.25)
+    assert mfu_lib.mfu(1e12, 1.0, 8, jax.devices()[0].device_kind) is None  # CPU
     with pytest.raises(ValueError, match="seconds > 0"):
-        flops.mfu(1e12, 0.0, 1, "TPU v4")
+        mfu_lib.mfu(1e12, 0.0, 1, "TPU v4")
     with pytest.raises(ValueError, match="num_devices >= 1"):
-        flops.mfu(1e12, 1.0, 0, "TPU v4")
+        mfu_lib.mfu(1e12, 1.0, 0, "TPU v4")

@@ -6,96 +6,75 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
-from flax import nnx
-from tokenizer_fixtures import byte_level_bpe
+from helpers import changed_roles, round_case, tiny_tokenizer, trained_params
 
-import jaxrubric
-from jaxrubric import coevolve
-from jaxrubric import genrubric_round as gr_round
-from jaxrubric import sharding as shd
+from jaxrubric.methods import GENRUBRIC
+from jaxrubric.methods import genrubric as gr_method
+from jaxrubric.methods.core import RoundConfig, RoundResult
 from jaxrubric.rewards.genrubric import group_validity
+from jaxrubric.roles import TRAINED
 from jaxrubric.rubric import grammar as grammar_lib
 
-QUESTIONS = ["Sort the digits 3 1 2.", "Reverse the word cat."]
 WEIGHTS = (-5, -4, -3, -2, -1, 1, 2, 3, 4, 5)
 
 
-def _params(model):
-    return jax.tree.map(jnp.copy, nnx.state(model, nnx.Param))
+def test_signed_weights_are_the_methods():
+    assert GENRUBRIC.weights == grammar_lib.SIGNED_WEIGHTS == WEIGHTS
 
 
-@pytest.fixture(scope="module")
-def mesh():
-    return shd.make_mesh({"data": 2, "fsdp": 1, "tensor": 4})
-
-
-def test_round_updates_both_models_and_compiles_once(mesh):
-    tok = byte_level_bpe()
+def test_round_updates_both_models_and_compiles_once(round_mesh):
     # An untrained verifier says "no" to everything; its p_yes still varies, so soft verdicts
     # give both roles a reward signal (and adam without weight decay moves only on gradients).
-    config = coevolve.RoundConfig(num_rubrics=3, response_tokens=12, logprob_chunk=8,
-                                  soft_verdicts=True)
-    cfg = jaxrubric.tiny_config("qwen3", vocab_size=len(tok), eos_token_ids=(tok.eos_token_id,),
-                                pad_token_id=tok.pad_token_id)
-    policy, generator, verifier = (shd.shard_model(jaxrubric.init_model(cfg, seed=s), mesh)
-                                   for s in (1, 2, 3))
-    setup = gr_round.build_genrubric_setup(
-        config, tok, policy, generator, verifier, max_items=3, max_item_tokens=6,
-        policy_optimizer=optax.adam(1e-3), generator_optimizer=optax.adam(1e-3))
-    state = coevolve.init_state(setup, policy, generator)
-    frozen = {"verifier": _params(verifier), "policy_ref": _params(policy),
-              "generator_ref": _params(generator)}
-    batch = coevolve.encode_batch(tok, QUESTIONS, [["1 2 3"], ["tac"]], prompt_tokens=16,
-                                  policy_tokens=32, anchor_tokens=8, num_anchors=1)
-    batch = {k: jax.device_put(v, shd.batch_sharding(mesh, v.ndim)) for k, v in batch.items()}
-    before = jax.tree.map(np.asarray, {k: state[k] for k in ("policy", "generator")})
+    config = RoundConfig(num_rubrics=3, response_tokens=12, logprob_chunk=8, soft_verdicts=True)
+    case = round_case(GENRUBRIC, config, round_mesh, anchors=[["1 2 3"], ["tac"]])
+    setup, state, frozen, batch = case.setup, case.state, case.frozen, case.batch
+    before = trained_params(state)
 
-    step = gr_round.make_genrubric_round_step(setup, frozen)
+    step = case.round_step()
     for r in range(2):
         state, out = step(state, batch, jax.random.key(r))
-    scalars, outputs = jax.device_get(out)["scalars"], jax.device_get(out)["outputs"]
+    assert isinstance(out, RoundResult) and isinstance(out.outputs, gr_method.Outputs)
+    scalars, outputs = jax.device_get(out.scalars), jax.device_get(out.outputs)
 
-    assert int(state["round"]) == 2
+    assert int(state.round) == 2
     assert step.jitted._cache_size() == 1
     assert all(np.isfinite(v) for v in scalars.values()), scalars
     assert scalars["generator/grad_norm"] > 0 and scalars["policy/grad_norm"] > 0
-    for role in ("policy", "generator"):
-        changed = jax.tree.map(lambda a, b: not np.allclose(a, np.asarray(b)), before[role],
-                               state[role])
-        assert any(jax.tree.leaves(changed)), role
-    assert outputs["responses"].shape == (2, 3, 12)
-    assert outputs["scores"].shape == (2, 3, 3)
+    assert changed_roles(before, state) == set(TRAINED)
+    assert outputs.responses.shape == (2, 3, 12)
+    assert outputs.scores.shape == (2, 3, 3)
 
     # The frozen-evaluator / frozen-policy flags drop the updates (traced only, not compiled).
     frozen_setup = dataclasses.replace(setup, config=dataclasses.replace(
         config, freeze_generator=True, freeze_policy=True))
-    _, traced = jax.eval_shape(functools.partial(gr_round.genrubric_round, frozen_setup), state,
+    assert all(frozen_setup.roles[role].frozen for role in TRAINED)
+    _, traced = jax.eval_shape(functools.partial(GENRUBRIC.round, frozen_setup), state,
                                frozen, batch, jax.random.key(0))
-    assert not {"generator/loss", "policy/loss"} & set(traced["scalars"])
+    assert not {"generator/loss", "policy/loss"} & set(traced.scalars)
+    assert {"generator/loss", "policy/loss"} <= set(scalars)
 
     # The rubric metrics agree with a host-side parse of the sampled rubric tokens.
-    parsed = grammar_lib.parse_rubric_tokens(outputs["rubrics"], jax.device_put(setup.grammar),
+    parsed = grammar_lib.parse_rubric_tokens(outputs.rubrics, jax.device_put(setup.grammar),
                                              setup.pad_id)
     weights, valid = np.asarray(parsed.weights), np.asarray(parsed.valid)
-    np.testing.assert_array_equal(weights, outputs["rubric_weights"])
+    np.testing.assert_array_equal(weights, outputs.rubric_weights)
     assert set(weights[valid].tolist()) <= set(WEIGHTS)
     assert np.asarray(parsed.complete).all()  # the grammar always lets a rubric finish
     group_valid = np.asarray(group_validity(weights, valid))
-    np.testing.assert_array_equal(group_valid, outputs["group_valid"])
+    np.testing.assert_array_equal(group_valid, outputs.group_valid)
     assert scalars["rubric/valid_rate"] == pytest.approx(group_valid.mean())
     assert scalars["rubric/items"] == pytest.approx(valid.sum(-1).mean())
     assert 1 <= scalars["rubric/items"] <= 3
     assert scalars["rubric/negative_items"] == pytest.approx((valid & (weights < 0)).sum(-1).mean())
     assert 0 <= scalars["rubric/negative_items"] <= scalars["rubric/items"]
     # Malformed groups are rewarded 0 and score nothing.
-    assert np.all(outputs["generator_reward"][~group_valid] == 0)
-    assert np.all(outputs["scores"].transpose(0, 2, 1)[~group_valid] == 0)
+    assert np.all(outputs.generator_reward[~group_valid] == 0)
+    assert np.all(outputs.scores.transpose(0, 2, 1)[~group_valid] == 0)
 
 
 def test_token_advantages_put_item_credit_on_item_tokens():
-    tok = byte_level_bpe()
+    tok = tiny_tokenizer()
     grammar = grammar_lib.build_rubric_grammar(tok, weights=WEIGHTS, max_items=3,
                                                max_item_tokens=8)
     texts = ["[3] Mentions the dose\n[-2] Recommends aspirin\n",
@@ -117,7 +96,7 @@ def test_token_advantages_put_item_credit_on_item_tokens():
     v[0, 1, 0, :2] = [1, 1]  # S_0(r1) = (3-2)/3
     v[0, 0, 1, :2] = [1, 1]  # S_1(r0) = 7/7
     v[0, 1, 1, :2] = [0, 1]  # S_1(r1) = 2/7
-    credit = jax.device_get(gr_round.generator_credit(parsed, jnp.asarray(v)))
+    credit = jax.device_get(gr_method.generator_credit(parsed, jnp.asarray(v)))
 
     # sequence = comprehensiveness (the other valid group on r_g) + std over valid responses
     seq = np.array([1 + 1 / 3, 1 / 3 + 5 / 14, 0.0])
@@ -125,7 +104,10 @@ def test_token_advantages_put_item_credit_on_item_tokens():
     np.testing.assert_array_equal(credit.group_valid[0], [True, True, False])
     # items: 0.5 discriminative (some but not all of r0, r1 meet it) + 0.5 non-redundant
     np.testing.assert_allclose(credit.item_reward[0], [[0.5, 1, 0], [1, 0.5, 0], [0, 0, 0]])
-    seq_adv = (seq - seq.mean()) / (seq.std() + 1e-6)
+    # The malformed group's advantage is the lowest: its reward is ranked 1 below the lowest
+    # well-formed group's (`rl.grpo.rank_invalid_last`) before the z-score over the G groups.
+    ranked = np.array([seq[0], seq[1], seq[1] - 1])
+    seq_adv = (ranked - ranked.mean()) / (ranked.std() + 1e-6)
     item_adv = np.array([[-1, 1, 0], [1, -1, 0], [0, 0, 0]], np.float32) * 0.25 / (0.25 + 1e-6)
 
     token_item = np.asarray(parsed.token_item[0])

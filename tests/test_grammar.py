@@ -8,7 +8,6 @@ parser finds the same items, weights and criterion text.
 from __future__ import annotations
 
 import functools
-import re
 from typing import NamedTuple
 
 import jax
@@ -28,12 +27,11 @@ from jaxrubric.rubric.grammar import (
     parse_rubric_tokens,
     token_bytes,
 )
+from helpers import check_against_text
 from tokenizer_fixtures import byte_level_bpe, healthbench_criteria, metaspace_bpe, save_tokenizer
 
 POSITIVE = tuple(range(1, 6))
 SIGNED = tuple(w for w in range(-5, 6) if w)
-LINE = re.compile(r"\[(-?[0-9]+)\] (.+)")
-STRUCTURE_CHARS = set("[]-0123456789 \n")
 
 
 @pytest.fixture(scope="session")
@@ -133,39 +131,6 @@ allowed_jit = jax.jit(allowed_tokens, static_argnames="vocab_size")
 
 
 parse = jax.jit(parse_rubric_tokens, static_argnames="pad_id")
-
-
-def check_against_text(tok, grammar: RubricGrammar, ids: np.ndarray, parsed) -> None:
-    """Host reference: decode, parse lines with a regex, compare with the token-level parse."""
-    ids = [int(i) for i in ids]
-    end = ids.index(grammar.end_token_id)
-    text = tok.decode(ids[:end], skip_special_tokens=False)
-    assert text.endswith("\n"), text
-    lines = [LINE.fullmatch(line) for line in text[:-1].split("\n")]
-    assert all(lines), text
-    assert 1 <= len(lines) <= grammar.max_items
-    n = len(lines)
-    assert bool(parsed.complete)
-    assert parsed.valid.tolist() == [True] * n + [False] * (grammar.max_items - n)
-    assert parsed.weights[:n].tolist() == [int(line[1]) for line in lines]
-    assert all(int(line[1]) in grammar.weights for line in lines)
-    token_item = np.asarray(parsed.token_item)
-    for j, line in enumerate(lines):
-        criterion = line[2]
-        assert criterion[0] not in " \t\x0b\x0c\r", text
-        length = int(parsed.item_lengths[j])
-        assert 1 <= length <= grammar.max_item_tokens
-        item = [int(i) for i in parsed.items[j, :length]]
-        assert item == [ids[k] for k in np.flatnonzero(token_item == j)]
-        decoded = tok.decode(item, skip_special_tokens=False)
-        assert decoded.strip() == criterion.strip()
-        assert re.fullmatch(" ?" + re.escape(criterion) + "\n?", decoded), (decoded, criterion)
-        first = tok.decode(item[:1]).removeprefix(" ")
-        assert first and first[0] not in " \t\n\x0b\x0c\r", "an item starts at its first text byte"
-        assert tok.decode(item[-1:]) != "\n", "a lone newline is structure"
-    for k in np.flatnonzero(token_item[:end] < 0):
-        assert set(tok.decode([ids[k]])) <= STRUCTURE_CHARS, tok.convert_ids_to_tokens(ids[k])
-    assert (token_item[end:] == -1).all()
 
 
 def bias_toward_structure(tok, vocab: int, strength: float) -> jnp.ndarray:

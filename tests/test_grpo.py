@@ -430,7 +430,7 @@ def test_grpo_update_decreases_loss_and_first_step_is_the_gradient():
 
 
 # ------------------------------------------------------------------------------------------
-# Micro-batched updates of a decoder (the round's policy_update) against the whole batch
+# Micro-batched updates of a decoder (the round's grpo_role_update) against the whole batch
 # ------------------------------------------------------------------------------------------
 
 
@@ -440,7 +440,7 @@ def _decoder_update_case():
     from flax import nnx
 
     import jaxrubric
-    from jaxrubric.coevolve import completion_logprobs
+    from jaxrubric.methods.core import completion_logprobs
 
     model = jaxrubric.init_model(jaxrubric.tiny_config("qwen3", num_layers=1), seed=4)
     graph, params = nnx.split(model, nnx.Param)
@@ -459,17 +459,18 @@ def _decoder_update_case():
                            advantages)
 
 
-def _decoder_update(aggregation, micro_batches):
-    from jaxrubric.coevolve import RoundConfig, policy_update
+def _decoder_update(aggregation, micro_batches, num_updates=2):
+    from jaxrubric.methods.core import RoleSpec, RoleState, RoundConfig, grpo_role_update
 
     graph, params, batch = _decoder_update_case()
-    cfg = RoundConfig(aggregation=aggregation, num_updates=2, logprob_chunk=2,
+    cfg = RoundConfig(aggregation=aggregation, num_updates=num_updates, logprob_chunk=2,
                       update_micro_batches=micro_batches)
     opt = optax.sgd(0.5)  # the parameters move by the gradients themselves
+    spec = RoleSpec(graph, opt, beta=0.1, frozen=False)
     # The reference is the initial weights, moved a little so the KL term is not zero.
     ref = jax.tree.map(lambda p: p * 1.01, params)
-    update = jax.jit(lambda p, r: policy_update(cfg, graph, opt, p, opt.init(p), r, *batch,
-                                                beta=0.1))
+    update = jax.jit(lambda p, r: grpo_role_update(cfg, spec, RoleState(p, opt.init(p)), r,
+                                                   *batch))
     return update(params, ref)
 
 
@@ -478,16 +479,23 @@ def test_micro_batched_update_equals_the_whole_batch():
     (gradient norms included) of the whole-batch update, with the reference log-probs per
     micro-batch. Token-mean only: its denominator (all tokens of the batch) is the one a
     per-micro-batch mean gets wrong; `test_micro_batching_is_exact` holds every aggregation
-    mode's shares exact on the loss itself."""
+    mode's shares exact on the loss itself. The update returns its last step's metrics, so
+    the first step's are those of a one-step update."""
     agg = "token-mean"
-    want = _decoder_update(agg, 1)
-    got = _decoder_update(agg, 4)
-    for a, b in zip(jax.tree.leaves(want[:2]), jax.tree.leaves(got[:2])):
-        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-6)
-    assert set(got[2]) == set(want[2])
-    for name, value in want[2].items():
-        np.testing.assert_allclose(got[2][name], value, rtol=1e-5, atol=1e-6, err_msg=name)
-    assert float(want[2]["kl"][0]) > 0 and float(want[2]["clip_frac"][1]) > 0
+    for num_updates in (1, 2):
+        want_state, want = _decoder_update(agg, 1, num_updates)
+        got_state, got = _decoder_update(agg, 4, num_updates)
+        for a, b in zip(jax.tree.leaves(want_state), jax.tree.leaves(got_state), strict=True):
+            np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-6)
+        assert set(got) == set(want)
+        for name, value in want.items():
+            np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-6,
+                                       err_msg=f"{num_updates} steps: {name}")
+        assert int(want["skipped_updates"]) == 0
+        if num_updates == 1:
+            assert float(want["kl"]) > 0
+        else:
+            assert float(want["clip_frac"]) > 0
 
 
 def test_micro_batches_must_split_the_rows():

@@ -18,26 +18,26 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from flax import nnx
-from test_multihost import flat, start_processes, update_error, wait_processes
-from tokenizer_fixtures import byte_level_bpe
+from helpers import (SEEDS, flat, round_case, start_processes, tiny_model_config, tiny_tokenizer,
+                     update_error, wait_processes)
 
 import jaxrubric
-from jaxrubric import coevolve
 from jaxrubric import sharding as shd
+from jaxrubric.methods import DYNAMIC_RUBRIC
+from jaxrubric.methods.core import RoundConfig
+from jaxrubric.roles import ROLES, Role
 
 MESHES = {"data": (8, 1, 1), "data_fsdp": (2, 4, 1), "fsdp_tensor": (1, 2, 4)}
 PROCESSES = (("data",), ("data_fsdp", "fsdp_tensor"))  # meshes of each process, in order
-SEEDS = {"policy": 1, "generator": 2, "verifier": 3}
 # Soft verdicts and advantages without the std keep the update well conditioned (see
 # tests/test_multihost.py, OVERRIDES).
-ROUND = coevolve.RoundConfig(num_responses=4, num_rubrics=2, response_tokens=8, logprob_chunk=8,
-                             soft_verdicts=True, advantage_mode="no_std")
+ROUND = RoundConfig(num_responses=4, num_rubrics=2, response_tokens=8, logprob_chunk=8,
+                    soft_verdicts=True, advantage_mode="no_std")
 # Relative to each update's size; measured 6e-5 (policy) and 4e-4 (generator: rewards only
 # ~300 ulp apart, see tests/test_multihost.py, UPDATE_RTOL).
-UPDATE_RTOL = {"policy": 1e-3, "generator": 1e-2}
+UPDATE_RTOL = {Role.POLICY: 1e-3, Role.GENERATOR: 1e-2}
 COMPARED_METRICS = ("policy/reward", "policy/reward_std_in_group", "policy/grad_norm",
                     "generator/reward", "generator/grad_norm", "verifier/yes_rate",
                     "rubric/items", "rubric/tokens", "rubric/valid_rate")
@@ -64,10 +64,8 @@ def _batch_rows() -> tuple[list[str], list[list[str]]]:
 def _model_config(mesh=None) -> jaxrubric.ModelConfig:
     # One id more than the tokenizer (as real checkpoints often have): 1501 is padded to 1504
     # on the 4-way tensor axis.
-    tok = byte_level_bpe()
-    return jaxrubric.tiny_config("qwen3", vocab_size=len(tok) + 1,
-                                 eos_token_ids=(tok.eos_token_id,), pad_token_id=tok.pad_token_id,
-                                 vocab_multiple=shd.vocab_multiple(mesh))
+    return tiny_model_config(tiny_tokenizer(), extra_vocab=1,
+                             vocab_multiple=shd.vocab_multiple(mesh))
 
 
 @functools.cache
@@ -106,28 +104,20 @@ def _round(shape: tuple[int, int, int]) -> dict[str, np.ndarray]:
     """One round on a mesh of `shape`, always with the same models, batch and key: flat
     logical parameters before and after, the sampled outputs and the metrics."""
     mesh = shd.make_mesh(shape)
-    tok = byte_level_bpe()
-    models = {role: _model(seed, mesh) for role, seed in SEEDS.items()}
-    setup = coevolve.build_setup(
-        ROUND, tok, models["policy"], models["generator"], models["verifier"], max_items=2,
-        max_item_tokens=6, policy_optimizer=optax.adam(1e-3),
-        generator_optimizer=optax.adam(1e-3))
-    state = coevolve.init_state(setup, models["policy"], models["generator"])
-    frozen = {"verifier": nnx.state(models["verifier"], nnx.Param),
-              "policy_ref": jax.tree.map(jnp.copy, state["policy"]),
-              "generator_ref": jax.tree.map(jnp.copy, state["generator"])}
     questions, anchors = _batch_rows()
-    host = coevolve.encode_batch(tok, questions, anchors, prompt_tokens=16, policy_tokens=32,
-                                 anchor_tokens=8, num_anchors=3)
-    batch = {k: jax.device_put(v, shd.batch_sharding(mesh, v.ndim)) for k, v in host.items()}
-    state, out = coevolve.make_round_step(setup, frozen)(state, batch, jax.random.key(7))
+    case = round_case(DYNAMIC_RUBRIC, ROUND, mesh,
+                      models={role: _model(SEEDS[role], mesh) for role in ROLES},
+                      questions=questions, anchors=anchors, max_items=2, max_item_tokens=6,
+                      prompt_tokens=16, policy_tokens=32, anchor_tokens=8, num_anchors=3)
+    state, out = case.round_step()(case.state, case.batch, jax.random.key(7))
     out = jax.device_get(out)
-    result = {f"out/{k}": np.asarray(out["outputs"][k]) for k in (*SAMPLED, "scores")}
-    result |= {f"metric/{k}": np.asarray(out["scalars"][k]) for k in COMPARED_METRICS}
+    outputs = out.outputs._asdict()
+    result = {f"out/{k}": np.asarray(outputs[k]) for k in (*SAMPLED, "scores")}
+    result |= {f"metric/{k}": np.asarray(out.scalars[k]) for k in COMPARED_METRICS}
     for role in UPDATE_RTOL:
         initial = _logical_params(SEEDS[role])
         result[f"initial/{role}"] = flat(initial)
-        result[f"final/{role}"] = flat(_logical(state[role], initial))
+        result[f"final/{role}"] = flat(_logical(state.role(role).params, initial))
     return result
 
 

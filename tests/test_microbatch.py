@@ -2,6 +2,8 @@
 verification and the config checks. A whole micro-batched round (with chunked attention too)
 is checked against the plain round in tests/test_placement.py."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -76,15 +78,27 @@ def test_micro_batched_verification_gives_the_same_verdicts(model):
     np.testing.assert_array_equal(got.verdicts, want.verdicts)
 
 
-@pytest.mark.parametrize("override, message", [
-    ("round.update_micro_batches=3", "config.round.update_micro_batches=3 must divide the "
-                                     "policy update's rows (data.batch_size x "
-                                     "round.num_responses), 32"),
-    ("round.rollout_micro_batches=3", "config.round.rollout_micro_batches=3 must divide the "
-                                      "prompts (data.batch_size), 8"),
-    ("round.update_micro_batches=0", "update_micro_batches must be >= 1"),
-    ("verifier.attention_chunk=-1", "config.verifier.attention_chunk must be >= 0"),
+TINY_GENRUBRIC = "configs/tiny_genrubric.py"
+
+
+# The tiny configs: 8 prompts, K = 4 responses, G = 2 rubrics: the generator's update has 16
+# rows, the policy's 32 (DynamicRubric; 24 with K = 3).
+@pytest.mark.parametrize("config, overrides, message", [
+    (TINY, ["round.update_micro_batches=3"],
+     "config.round.update_micro_batches=3 must divide the generator update's rows, 16"),
+    (TINY, ["round.num_responses=3", "round.update_micro_batches=16"],
+     "config.round.update_micro_batches=16 must divide the policy update's rows, 24"),
+    (TINY, ["round.rollout_micro_batches=3"],
+     "config.round.rollout_micro_batches=3 must divide the policy's rollout prompts, 8"),
+    (TINY, ["data.eval=assets/tiny_anchors.jsonl", "data.eval_batch_size=6",
+            "round.rollout_micro_batches=4"],
+     "config.round.rollout_micro_batches=4 must divide the held-out prompts "
+     "(data.eval_batch_size), 6"),
+    (TINY_GENRUBRIC, ["round.rollout_micro_batches=3"],
+     "config.round.rollout_micro_batches=3 must divide the generator's rollout prompts, 8"),
+    (TINY, ["round.update_micro_batches=0"], "update_micro_batches must be >= 1"),
+    (TINY, ["verifier.attention_chunk=-1"], "config.verifier.attention_chunk must be >= 0"),
 ])
-def test_config_checks_name_the_key(override, message):
-    with pytest.raises(ConfigFileError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        load_config(TINY, [override])
+def test_config_checks_name_the_key(config, overrides, message):
+    with pytest.raises(ConfigFileError, match=re.escape(message)):
+        load_config(config, overrides)

@@ -14,18 +14,18 @@ import time
 from pathlib import Path
 
 import jax
-import numpy as np
 import pytest
+from helpers import CONFIGS, flat, start_processes, update_error, wait_processes
 
 from jaxrubric import distributed
 from jaxrubric.config import load_config
 from jaxrubric.distributed import DistributedConfigError, resolve
+from jaxrubric.roles import Role
 from jaxrubric.train import CoevolveTask, train
 from jaxrubric.train_loop import restore_checkpoint
 
-ROOT = Path(__file__).parents[1]
 WORKER = Path(__file__).with_name("multihost_worker.py")
-CONFIG = ROOT / "configs" / "tiny_dynamic_rubric.py"
+CONFIG = CONFIGS / "tiny_dynamic_rubric.py"
 ENV_VARS = (distributed.COORDINATOR_ENV, distributed.NUM_PROCESSES_ENV, distributed.PROCESS_ID_ENV,
             "TPU_WORKER_HOSTNAMES", "TPU_PROCESS_ADDRESSES", "MEGASCALE_COORDINATOR_ADDRESS",
             "MEGASCALE_NUM_SLICES")
@@ -140,7 +140,7 @@ OVERRIDES = ["rounds=2", "round.response_tokens=8", "rubric.max_items=2",
 # untrained verifier's p_yes ~ 0.5 leaves the generator's rewards within ~1e-5 of each other
 # (~300 ulp), so its advantages carry ~3e-3 of rounding (measured 8e-3). A wrong batch row or
 # a lost reduction changes either update by its whole size.
-UPDATE_RTOL = {"policy": 1e-3, "generator": 5e-2}
+UPDATE_RTOL = {Role.POLICY: 1e-3, Role.GENERATOR: 5e-2}
 TIMEOUT_S = 900  # both workers, compiling side by side with the reference on 2 CPU cores
 # Metrics that are sums of many well-conditioned terms; losses of advantages that average to
 # zero (pg_loss, logprob_gap) are rounding noise and left out.
@@ -168,57 +168,6 @@ def _start_workers(workdir: Path, logs: Path, count: int = 2) -> list[subprocess
           "--report", str(logs / f"report{i}.json"), "--coordinator", coordinator,
           "--num-processes", str(count), "--process-id", str(i), *OVERRIDES]
          for i in range(count)], env, logs)
-
-
-# ------------------------------------------------------------------ helpers (also for meshes)
-def start_processes(commands: list[list[str]], env: dict[str, str], logs: Path
-                    ) -> list[subprocess.Popen]:
-    """Starts every command at once (in the repository root, with the repository importable),
-    output to `logs/process<i>.log`."""
-    env = {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))}
-    processes = []
-    for i, command in enumerate(commands):
-        with open(logs / f"process{i}.log", "w") as log:
-            processes.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                              env=env, cwd=ROOT))
-    return processes
-
-
-def wait_processes(processes: list[subprocess.Popen], logs: Path, timeout_s: float) -> None:
-    """Waits for every process until `timeout_s` after the call; on a failure or the deadline
-    kills the rest and fails with the tail of every process's log."""
-    deadline = time.monotonic() + timeout_s
-    try:
-        for process in processes:
-            process.wait(timeout=max(deadline - time.monotonic(), 1))
-    except subprocess.TimeoutExpired:
-        pass
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-    if any(p.returncode != 0 for p in processes):
-        tails = "\n".join(
-            f"--- process {i} (exit {p.returncode}):\n"
-            + "\n".join((logs / f"process{i}.log").read_text().splitlines()[-40:])
-            for i, p in enumerate(processes))
-        pytest.fail(f"a process failed or ran out of its {timeout_s:.0f} s:\n{tails}")
-
-
-def flat(tree) -> np.ndarray:
-    """Every leaf of a parameter tree, raveled into one float64 vector."""
-    return np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in jax.tree.leaves(tree)])
-
-
-def update_error(final: np.ndarray, reference: np.ndarray, initial: np.ndarray) -> float:
-    """How far an update (final minus initial parameters) is from the reference update,
-    relative to the reference's size. Not element by element: Adam's step g / (|g| + eps) is
-    ill-conditioned where a gradient cancels to rounding level, and there one element may step
-    up to lr differently without anything being wrong."""
-    expected = reference - initial
-    assert np.linalg.norm(expected) > 0, "the reference did not move"
-    return float(np.linalg.norm(final - reference) / np.linalg.norm(expected))
 
 
 @pytest.mark.slow
@@ -250,6 +199,6 @@ def test_two_processes_train_like_one_with_all_devices(tmp_path):
     assert meta["round"] == 2
     initial = task.init_state(jax.random.key(0))
     for role, rtol in UPDATE_RTOL.items():
-        error = update_error(flat(multi_state[role]), flat(single_state[role]),
-                             flat(initial[role]))
+        error = update_error(flat(multi_state.role(role).params),
+                             flat(single_state.role(role).params), flat(initial.role(role).params))
         assert error < rtol, f"{role}: the updates differ by {error:.3g} of their size"

@@ -6,20 +6,19 @@ attention over query blocks): a whole round with them equals the plain round, wh
 option's own tests check on its part alone (tests/test_microbatch.py, tests/test_attention.py).
 """
 
-from pathlib import Path
-
 import jax
 import numpy as np
 import pytest
+from helpers import CONFIGS, flat, update_error
 from jax.sharding import NamedSharding, PartitionSpec
-from test_multihost import flat, update_error
 
 from jaxrubric import placement
 from jaxrubric import sharding as shd
 from jaxrubric.config import ConfigFileError, load_config
+from jaxrubric.methods import get_method
+from jaxrubric.methods.core import RoundResult
+from jaxrubric.roles import Role
 from jaxrubric.train import CoevolveTask
-
-CONFIGS = Path(__file__).parents[1] / "configs"
 # Three disjoint meshes over the 8 test devices, each splitting the batch its own way.
 SUBMESHES = ["--config.submeshes.policy=fsdp=4", "--config.submeshes.generator=data=2",
              "--config.submeshes.verifier=fsdp=-1"]
@@ -30,7 +29,7 @@ SMALL = ["--config.round.response_tokens=8", "--config.rubric.max_items=2",
          "--config.optim.policy_lr=1e-3", "--config.optim.generator_lr=1e-3"]
 MEMORY_SAVING = ["--config.round.rollout_micro_batches=2", "--config.round.update_micro_batches=2",
                  *(f"--config.{role}.attention_chunk=8" for role in placement.ROLES)]
-UPDATE_RTOL = {"policy": 1e-3, "generator": 1e-2}  # as tests/test_mesh_equivalence.py
+UPDATE_RTOL = {Role.POLICY: 1e-3, Role.GENERATOR: 1e-2}  # as tests/test_mesh_equivalence.py
 STAGES = {"dynamic_rubric": 5, "genrubric": 5}  # rollout stages + both updates
 
 
@@ -89,17 +88,18 @@ def test_to_mesh_moves_only_what_is_elsewhere():
 def _rounds(config_name: str, placement_args: list[str], rounds: int = 2) -> dict:
     config = load_config(CONFIGS / config_name,
                          [o.removeprefix("--config.") for o in (*SMALL, *placement_args)])
-    config.data.eval = config.data.train if config.method == "dynamic_rubric" else ""
+    config.data.eval = config.data.train if get_method(config.method).evaluates else ""
     task = CoevolveTask(config)
     state = task.init_state(jax.random.key(0))
     expected = jax.tree.map(lambda x: x.sharding, task.abstract_state())
-    result = {"initial": {r: flat(jax.device_get(state[r])) for r in UPDATE_RTOL}}
+    result = {"initial": {r: flat(jax.device_get(state.role(r).params)) for r in UPDATE_RTOL}}
     for r in range(rounds):
-        state, metrics = task.round_step(state, task.batch(r), jax.random.key(r))
-        result[f"outputs{r}"] = jax.device_get(metrics["outputs"])
+        state, out = task.round_step(state, task.batch(r), jax.random.key(r))
+        assert isinstance(out, RoundResult)
+        result[f"outputs{r}"] = jax.device_get(out.outputs)._asdict()
     assert jax.tree.map(lambda x: x.sharding, state) == expected
-    result["final"] = {r: flat(jax.device_get(state[r])) for r in UPDATE_RTOL}
-    result["metrics"] = {k: float(v) for k, v in metrics.items() if k != "outputs"}
+    result["final"] = {r: flat(jax.device_get(state.role(r).params)) for r in UPDATE_RTOL}
+    result["metrics"] = {k: float(v) for k, v in out.scalars.items()}
     if task._evaluate is not None:
         result["eval"] = jax.device_get(task.evaluate(state, rounds))
     result["task"] = task
@@ -107,18 +107,20 @@ def _rounds(config_name: str, placement_args: list[str], rounds: int = 2) -> dic
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config_name, options, rounds", [
-    ("tiny_dynamic_rubric.py", MEMORY_SAVING, 2), ("tiny_genrubric.py", [], 1)],
+@pytest.mark.parametrize("config_name, common, options, rounds", [
+    ("tiny_dynamic_rubric.py", [], MEMORY_SAVING, 2),
+    # The GenRubric config freezes its answering policy: train it, so both updates are compared.
+    ("tiny_genrubric.py", ["--config.round.freeze_policy=false"], [], 1)],
     ids=["dynamic_rubric-micro-batched-chunked", "genrubric"])
-def test_submesh_round_equals_the_colocated_round(config_name, options, rounds):
+def test_submesh_round_equals_the_colocated_round(config_name, common, options, rounds):
     """Two DynamicRubric rounds (the second starts from the state the first left on the
     sub-meshes); one GenRubric round, whose stages differ, to keep the suite short."""
-    colocated = _rounds(config_name, [], rounds)
-    split = _rounds(config_name, [*SUBMESHES, *options], rounds)
+    colocated = _rounds(config_name, common, rounds)
+    split = _rounds(config_name, [*common, *SUBMESHES, *options], rounds)
     task = split["task"]
     # Each role's weights stay on its own devices; each stage compiled once.
-    for role, params in (("policy", task.init_state(jax.random.key(0))["policy"]),
-                         ("verifier", task.frozen["verifier"])):
+    for role, params in ((Role.POLICY, task.init_state(jax.random.key(0)).policy.params),
+                         (Role.VERIFIER, task.frozen.verifier)):
         devices = set(task.meshes[role].devices.flat)
         assert all(x.sharding.device_set == devices for x in jax.tree.leaves(params)), role
     assert task._round.placement.compiled_programs() == STAGES[task.config.method] + (

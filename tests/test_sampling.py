@@ -183,7 +183,7 @@ def test_bad_arguments_are_named(pair):
 
 def test_grammar_constrained_samples_all_parse():
     """1000 rubric samples from a random model over a real trained BPE vocabulary all parse."""
-    from test_grammar import check_against_text
+    from helpers import check_against_text
     from tokenizer_fixtures import byte_level_bpe
 
     from jaxrubric.rubric import grammar as gr

@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from jaxrubric.toy import world
@@ -53,6 +54,9 @@ def test_toy_world_quality_rises_and_the_notebook_runs(tmp_path, monkeypatch):
     # 64 held-out questions x 4 answers per evaluation (standard error ~0.02); the full default
     # rises by 0.28-0.30 over its 60 rounds (seeds 0-2), this short run by 0.14 (0.50 -> 0.64).
     assert max(quality[1:]) - quality[0] >= 0.08, quality
+    # The evaluator's signal beside it: the anchor answers' score gap under each round's rubrics.
+    gaps = summary["anchor_delta_gap"]["coevolve"]
+    assert len(gaps) == len(quality) and all(np.isfinite(g) for g in gaps), gaps
     assert (workdir / "quality.png").stat().st_size > 1000
     assert world.verifier_accuracy(workdir, n=256) > 0.9
     start, end = world.mistake_profile(workdir), world.mistake_profile(workdir, "coevolve")

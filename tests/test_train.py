@@ -71,6 +71,20 @@ def test_config_errors_name_the_key(tmp_path):
         load_config(tmp_path / "missing.py")
 
 
+def test_an_oracle_comes_with_the_config_that_names_it(tmp_path):
+    """`config.oracle` names a ground-truth reward the caller hands in (`jaxrubric.toy.ORACLES`):
+    training never imports a world. Both checks come before any model loads."""
+    from jaxrubric.toy import ORACLES
+
+    assert set(ORACLES) == {"toy_digits"}
+    with pytest.raises(ValueError, match="config.oracle='toy_digits' needs its ground-truth"):
+        CoevolveTask(load_config(CONFIG, ["oracle=toy_digits"]))
+    with pytest.raises(ValueError, match="config.oracle='' needs its ground-truth"):
+        CoevolveTask(load_config(CONFIG), oracle=ORACLES["toy_digits"])
+    with pytest.raises(SystemExit, match="config.oracle 'nope' is not one of \\['toy_digits'\\]"):
+        main(["train", "--config", CONFIG, "--config.oracle=nope", "--workdir", str(tmp_path)])
+
+
 @pytest.mark.parametrize("name", ["qwen3_8b_dynamic_rubric", "llama31_8b_dynamic_rubric"])
 def test_recipes_load_and_check(name):
     config = load_config(Path(CONFIG).parent / f"{name}.py")

@@ -2,6 +2,7 @@
 
 import os
 import signal
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -84,6 +85,31 @@ class ToyTask:
 
     def text_samples(self, state, batch, metrics):
         return {"sample": f"residuals `{np.round(metrics['residuals'], 3).tolist()}`"}
+
+
+class Result(NamedTuple):
+    """A round's result as the co-evolution tasks return it (`methods.core.RoundResult`)."""
+
+    scalars: dict
+    outputs: dict
+
+
+class ResultTask(ToyTask):
+    """The toy task returning its scalars beside outputs that stay on the device; records every
+    output array it returned."""
+
+    def __init__(self):
+        super().__init__()
+        self.outputs = []
+
+    def round_step(self, state, batch, rng):
+        state, metrics = super().round_step(state, batch, rng)
+        outputs = {"residuals": metrics.pop("residuals")}
+        self.outputs.append(outputs["residuals"])
+        return state, Result(metrics, outputs)
+
+    def text_samples(self, state, batch, result):
+        return super().text_samples(state, batch, result.outputs)
 
 
 def _run(workdir, rounds, task=None, **kwargs):
@@ -225,3 +251,23 @@ def test_config_change_is_refused(tmp_path, capsys):
 def test_rejects_bad_arguments(tmp_path):
     with pytest.raises(ValueError, match="checkpoint_every"):
         _run(tmp_path, 3, checkpoint_every=0)
+
+
+def test_round_results_fetch_only_their_scalars(tmp_path, uninterrupted, monkeypatch):
+    """A task returning `(state, result)` with `result.scalars` and `result.outputs`: the loop
+    fetches the scalars every round, the outputs never (a text sample reads what it writes)."""
+    fetched = []
+    device_get = jax.device_get
+    monkeypatch.setattr(jax, "device_get", lambda tree: fetched.append(tree) or device_get(tree))
+    task = ResultTask()
+    summary = _run(tmp_path, 5, task)
+    monkeypatch.undo()
+    assert summary["metrics"] == uninterrupted[1]["metrics"]
+    assert len(task.outputs) == 5
+    assert sum(isinstance(t, dict) and "loss" in t for t in fetched) >= 5  # each round's scalars
+    returned = {id(x) for x in task.outputs}
+    assert not returned & {id(x) for tree in fetched for x in jax.tree.leaves(tree)}
+    texts = _events(tmp_path).Tensors("sample")
+    assert [e.step for e in texts] == [2, 4, 5]
+    assert texts[-1].tensor_proto.string_val[0] == _events(uninterrupted[0]).Tensors(
+        "sample")[-1].tensor_proto.string_val[0]

@@ -44,6 +44,19 @@ class Loaded(Generic[T]):
         return len(self.problems)
 
 
+def _check_utf8(path: Path) -> None:
+    """JSON text must be UTF-8: a stray byte is an error naming its row and offset (Arrow
+    would fail later, deep inside `datasets`, naming neither)."""
+    data = path.read_bytes()
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start)
+        where = f"row {line} (line {line + 1})" if path.suffix == ".jsonl" else f"line {line + 1}"
+        raise DataError(f"{path} {where}, byte offset {e.start}: byte 0x{data[e.start]:02x} is "
+                        "not UTF-8") from None
+
+
 def read_rows(source: str | os.PathLike, *, split: str = "train") -> Iterable[Mapping[str, Any]]:
     """The raw rows of a local file (by extension: .jsonl, .json, .parquet) or a hub data set.
 
@@ -65,6 +78,8 @@ def read_rows(source: str | os.PathLike, *, split: str = "train") -> Iterable[Ma
                                 f"{sorted(_BUILDERS)}")
             if path.stat().st_size == 0:
                 raise DataError(f"{name}: the file is empty")
+            if suffix in (".jsonl", ".json"):
+                _check_utf8(path)
             return datasets.load_dataset(_BUILDERS[suffix], data_files=str(path), split="train")
         return datasets.load_dataset(name, split=split)
     except DataError:

@@ -8,17 +8,37 @@ wild (older `rope_theta` + `rope_scaling`, newer `rope_parameters`).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal
+import difflib
+from typing import Any, Literal, Union
 
 import jax.numpy as jnp
+import numpy as np
 
 SUPPORTED_ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
+# The compute and storage dtypes a model may use (the ones safetensors files are read in).
+DTYPES = ("float32", "bfloat16", "float16")
+# A dtype as JAX users write it: a name, a NumPy dtype, or a scalar type (`jnp.bfloat16`).
+DTypeLike = Union[str, np.dtype, type]
 
 
 class ConfigError(ValueError):
     """A model configuration that jaxrubric cannot build, with the field that is wrong."""
+
+
+def dtype_name(dtype: DTypeLike, *, field: str = "dtype") -> str:
+    """The name in `DTYPES` of a dtype given any way JAX accepts one, so configs store
+    JSON-serialisable, hashable names; a ConfigError naming `field` otherwise."""
+    try:
+        name = None if dtype is None else jnp.dtype(dtype).name
+    except TypeError:
+        name = None
+    if name not in DTYPES:
+        close = difflib.get_close_matches(str(dtype), DTYPES, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"{field} {dtype!r} is not one of {list(DTYPES)}{hint}")
+    return name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +59,8 @@ class ModelConfig:
 
     `vocab_size` is the tokenizer-facing vocabulary; `padded_vocab_size` may be larger so the
     vocabulary dimension divides a mesh axis. Padded logits are masked so they are never sampled.
-    `dtype` is the compute dtype; `param_dtype` the storage dtype of the weights.
+    `dtype` is the compute dtype; `param_dtype` the storage dtype of the weights: either given
+    as a name or a JAX / NumPy dtype, and stored as its name (`dtype_name`).
     `attention_chunk` > 0 computes attention over blocks of that many queries when a call has
     more queries than that, so one layer holds `[rows, heads, chunk, S]` scores instead of
     `[rows, heads, T, S]` (long prompts, tree rows); 0 keeps the single einsum.
@@ -92,10 +113,7 @@ class ModelConfig:
         if self.remat not in REMAT_POLICIES:
             raise ConfigError(f"remat {self.remat!r} is not one of {REMAT_POLICIES}")
         for name in ("dtype", "param_dtype"):
-            try:
-                jnp.dtype(getattr(self, name))
-            except TypeError as err:
-                raise ConfigError(f"{name} {getattr(self, name)!r} is not a dtype") from err
+            object.__setattr__(self, name, dtype_name(getattr(self, name), field=name))
 
     @property
     def qk_norm(self) -> bool:

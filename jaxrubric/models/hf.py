@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import jax
-import ml_dtypes
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
@@ -22,14 +22,10 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from jaxrubric import sharding as shd
-from jaxrubric.models.config import ConfigError, ModelConfig
+from jaxrubric.models.config import DTYPES, DTypeLike, ModelConfig, dtype_name
 from jaxrubric.models.transformer import Decoder, layer_param_names
 
-NP_DTYPES = {
-    "float32": np.dtype(np.float32),
-    "bfloat16": np.dtype(ml_dtypes.bfloat16),
-    "float16": np.dtype(np.float16),
-}
+NP_DTYPES = {name: np.dtype(jnp.dtype(name)) for name in DTYPES}
 _HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.tiktoken", "*.txt",
                  "*.jinja"]
 DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3
@@ -193,22 +189,22 @@ def _place_stacked(shape, dtype, sharding: NamedSharding,
     return jax.make_array_from_single_device_arrays(shape, sharding, pieces)
 
 
-def load_pretrained(path: str | os.PathLike, *, dtype: str | None = None,
-                    param_dtype: str | None = None, mesh: Mesh | None = None,
+def load_pretrained(path: str | os.PathLike, *, dtype: DTypeLike | None = None,
+                    param_dtype: DTypeLike | None = None, mesh: Mesh | None = None,
                     rules: shd.Rules = shd.TRAINING_RULES, scan_layers: bool = True,
                     remat: str = "none", attention_chunk: int = 0) -> Decoder:
     """Loads a Qwen3 / Llama 3 Hugging Face checkpoint (local folder or hub id) onto `mesh`.
 
     `dtype` is the compute dtype and, unless `param_dtype` is given, the storage dtype too;
-    both default to the checkpoint's dtype. Without a mesh everything lands on the first device.
+    both default to the checkpoint's dtype. Either is a name or a JAX / NumPy dtype
+    (`jnp.bfloat16`). Without a mesh everything lands on the first device.
     """
+    dtype = None if dtype is None else dtype_name(dtype)
+    param_dtype = None if param_dtype is None else dtype_name(param_dtype, field="param_dtype")
     folder = resolve_checkpoint(path)
     hf_config = read_config_json(folder)
     dtype = dtype or checkpoint_dtype(hf_config)
     param_dtype = param_dtype or dtype
-    for name, value in (("dtype", dtype), ("param_dtype", param_dtype)):
-        if value not in NP_DTYPES:
-            raise ConfigError(f"{name} {value!r} is not one of {sorted(NP_DTYPES)}")
     mesh = mesh or shd.single_device_mesh()
     cfg = ModelConfig.from_hf_dict(
         hf_config, source=str(folder / "config.json"), dtype=dtype, param_dtype=param_dtype,
@@ -287,14 +283,13 @@ def _hf_tensors(model: Decoder, np_dtype: np.dtype) -> Iterator[tuple[str, np.nd
         yield "lm_head.weight", np.ascontiguousarray(head.T.astype(np_dtype))
 
 
-def save_pretrained(model: Decoder, path: str | os.PathLike, *, dtype: str | None = None,
+def save_pretrained(model: Decoder, path: str | os.PathLike, *, dtype: DTypeLike | None = None,
                     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> Path:
     """Writes `config.json` and safetensors (sharded above `max_shard_bytes`) that
-    `transformers.AutoModelForCausalLM.from_pretrained` loads. Only process 0 writes."""
+    `transformers.AutoModelForCausalLM.from_pretrained` loads, in `dtype` (a name or a JAX /
+    NumPy dtype; default: the model's storage dtype). Only process 0 writes."""
     cfg = model.config
-    dtype = dtype or cfg.param_dtype
-    if dtype not in NP_DTYPES:
-        raise ConfigError(f"dtype {dtype!r} is not one of {sorted(NP_DTYPES)}")
+    dtype = cfg.param_dtype if dtype is None else dtype_name(dtype)
     out = Path(path)
     writer = jax.process_index() == 0
     if writer:

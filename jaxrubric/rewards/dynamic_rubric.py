@@ -13,9 +13,13 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 
-from jaxrubric.rl.grpo import safe_ratio
+from jaxrubric.rl.grpo import AdvantageMode, group_advantages, rank_invalid_last, safe_ratio
 
 Array = jax.Array
+DiscMode = Literal["item_variance", "score_variance"]
+DISC_MODES: tuple[str, ...] = ("item_variance", "score_variance")
+GeneratorCombine = Literal["advantage", "reward"]
+GENERATOR_COMBINES: tuple[str, ...] = ("advantage", "reward")
 
 
 def discriminability(
@@ -23,7 +27,7 @@ def discriminability(
     weights: Array,
     item_mask: Array,
     *,
-    mode: Literal["item_variance", "score_variance"] = "item_variance",
+    mode: DiscMode = "item_variance",
     response_mask: Array | None = None,
 ) -> Array:
     """How well a rubric group separates the K responses; verdicts `[..., K, M]` -> `[...]`.
@@ -53,19 +57,28 @@ def discriminability(
     raise ValueError(f"unknown discriminability mode {mode!r}; expected item_variance or score_variance")
 
 
-def anchor_ranking(scores: Array, *, normalize: bool = True, list_mask: Array | None = None) -> Array:
-    """Rank-biased agreement of a rubric's scores `[..., n]` with a best-first reference list.
+def anchor_ranking(scores: Array, *, normalize: bool = True, list_mask: Array | None = None,
+                   ranks: Array | None = None) -> Array:
+    """Rank-biased agreement of a rubric's scores `[..., n]` with a reference ranking.
 
-    `J = Σ_{i<j} ω_ij log σ(s_i - s_j)`, `ω_ij = 1 / ((j - i) 2^(i-1))` with 1-based ranks, so
-    inversions near the top and between neighbours cost most; divided by `Σ ω_ij` when
-    `normalize` (then `J ∈ (-inf, 0)`, `-log 2` for a rubric that ties everything). `list_mask`
-    `[..., n]` marks the real entries of shorter lists; ranks count valid entries only, so the
-    mask need not be a prefix. Fewer than two valid entries give 0.
+    `J = Σ_{i≺j} ω_ij log σ(s_i - s_j)` over the pairs the reference orders (i better than j),
+    `ω_ij = 1 / ((r_j - r_i) 2^(r_i - 1))` with 1-based ranks r, so inversions near the top and
+    between neighbours cost most; divided by `Σ ω_ij` when `normalize` (then `J ∈ (-inf, 0)`,
+    `-log 2` for a rubric that ties everything). `ranks` `[..., n]` are the reference's (1 =
+    best; equal ranks tie and make no pair); None: the list is strictly ordered best-first.
+    `list_mask` `[..., n]` marks the real entries of shorter lists; ranks count valid entries
+    only (an entry's rank is 1 + the number of valid entries ranked strictly better), so the
+    mask need not be a prefix. Fewer than two ordered entries give 0.
     """
     s = jnp.asarray(scores, jnp.float32)
     valid = jnp.ones(s.shape, bool) if list_mask is None else jnp.asarray(list_mask, bool)
     s = jnp.where(valid, s, 0.0)
-    rank = jnp.cumsum(valid.astype(jnp.int32), axis=-1)
+    if ranks is None:
+        rank = jnp.cumsum(valid.astype(jnp.int32), axis=-1)
+    else:
+        given = jnp.asarray(ranks)
+        better = valid[..., None, :] & (given[..., None, :] < given[..., :, None])
+        rank = 1 + better.sum(-1)
     ri, rj = rank[..., :, None], rank[..., None, :]
     pair = valid[..., :, None] & valid[..., None, :] & (ri < rj)
     gap = jnp.where(pair, rj - ri, 1).astype(jnp.float32)
@@ -74,9 +87,37 @@ def anchor_ranking(scores: Array, *, normalize: bool = True, list_mask: Array | 
     return safe_ratio(total, omega.sum((-2, -1))) if normalize else total
 
 
+def preference_pairs(ranks: Array, list_mask: Array) -> Array:
+    """`[..., n, n]`: True where entry i is ranked strictly better than entry j (both listed):
+    the pairs a Δgap averages over (ties make none)."""
+    valid = jnp.asarray(list_mask, bool)
+    ranks = jnp.asarray(ranks)
+    return valid[..., :, None] & valid[..., None, :] & (ranks[..., :, None] < ranks[..., None, :])
+
+
 def generator_reward(disc: Array, anchor: Array, lam: float = 1.0) -> Array:
-    """`J_disc + λ J_anchor`: the single place the anchor weight λ lives."""
+    """`J_disc + λ J_anchor`: the reward-level combination (`generator_combine="reward"`)."""
     return disc + lam * anchor
+
+
+def generator_advantages(disc: Array, anchor: Array, group_valid: Array, *, lam: float = 1.0,
+                         combine: GeneratorCombine = "advantage",
+                         mode: AdvantageMode = "group_std") -> Array:
+    """Group advantages `[..., G]` of a prompt's G rubrics from their two rewards.
+
+    `advantage` (the paper's): `adv(J_disc) + λ adv(J_anchor)`, each reward normalised over
+    the G rubrics first, so neither term dominates by having the larger spread. `reward`:
+    `adv(J_disc + λ J_anchor)`. Invalid rubrics (`group_valid` False) are ranked below every
+    valid one before each normalisation (`rank_invalid_last`): their advantage is the lowest.
+    """
+    if combine == "advantage":
+        return (group_advantages(rank_invalid_last(disc, group_valid), mode=mode)
+                + lam * group_advantages(rank_invalid_last(anchor, group_valid), mode=mode))
+    if combine == "reward":
+        return group_advantages(rank_invalid_last(generator_reward(disc, anchor, lam),
+                                                  group_valid), mode=mode)
+    raise ValueError(f"unknown generator_combine {combine!r}; expected one of "
+                     f"{GENERATOR_COMBINES}")
 
 
 def dynamic_rubric_rewards(
@@ -88,14 +129,16 @@ def dynamic_rubric_rewards(
     lam: float = 1.0,
     response_mask: Array | None = None,
     anchor_mask: Array | None = None,
-    disc_mode: Literal["item_variance", "score_variance"] = "item_variance",
+    anchor_ranks: Array | None = None,
+    disc_mode: DiscMode = "item_variance",
     normalize_anchor: bool = True,
 ) -> tuple[Array, dict[str, Array]]:
     """Per-group generator rewards `[..., G]` from one query's G rubric groups.
 
     Shapes: verdicts `[..., G, K, M]` (response k under item m of group g), weights and
     item_mask `[..., G, M]`, anchor_scores `[..., G, n]` (the reference list scored under each
-    group). `response_mask` `[..., K]` and `anchor_mask` `[..., n]` are shared by all groups.
+    group). `response_mask` `[..., K]`, `anchor_mask` and `anchor_ranks` `[..., n]` (the
+    reference ranks, ties allowed: see `anchor_ranking`) are shared by all groups.
     Returns the reward and its parts `{"disc", "anchor", "group_valid"}`; a group with no valid
     item is flagged invalid so callers may exclude it from `group_advantages`.
     """
@@ -103,7 +146,10 @@ def dynamic_rubric_rewards(
         response_mask = jnp.expand_dims(jnp.asarray(response_mask), -2)
     if anchor_mask is not None:
         anchor_mask = jnp.expand_dims(jnp.asarray(anchor_mask), -2)
+    if anchor_ranks is not None:
+        anchor_ranks = jnp.expand_dims(jnp.asarray(anchor_ranks), -2)
     disc = discriminability(verdicts, weights, item_mask, mode=disc_mode, response_mask=response_mask)
-    anchor = anchor_ranking(anchor_scores, normalize=normalize_anchor, list_mask=anchor_mask)
+    anchor = anchor_ranking(anchor_scores, normalize=normalize_anchor, list_mask=anchor_mask,
+                            ranks=anchor_ranks)
     group_valid = jnp.asarray(item_mask, bool).any(-1)
     return generator_reward(disc, anchor, lam), {"disc": disc, "anchor": anchor, "group_valid": group_valid}

@@ -12,8 +12,9 @@ were written against a broken rubric (pass `response_valid` to drop other respon
 
 Credit is token level: item tokens get the item advantage on top of the sequence advantage,
 structural tokens the sequence advantage only (`token_level_advantages`). Sequence rewards are
-normalised by `group_advantages` over the G groups of a query (malformed groups included, so
-producing one is penalised); item rewards are z-scored over all valid items of the query's
+normalised by `group_advantages` over the G groups of a query, malformed groups included and
+ranked below every well-formed one (`rl.grpo.rank_invalid_last`), so producing one is always
+penalised; item rewards are z-scored over all valid items of the query's
 well-formed groups (`item_advantages`). The paper leaves the exact spread and combination
 coefficients open: they are keyword arguments here, with the defaults documented.
 """
@@ -25,7 +26,8 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 
-from jaxrubric.rl.grpo import AdvantageMode, group_advantages, safe_ratio
+from jaxrubric.rl.grpo import AdvantageMode, group_advantages, rank_invalid_last, safe_ratio
+from jaxrubric.rubric.scores import genrubric_score
 
 Array = jax.Array
 Spread = Literal["std", "range"]
@@ -41,14 +43,13 @@ def group_validity(weights: Array, item_valid: Array) -> Array:
 def group_scores(verdicts: Array, weights: Array, item_valid: Array) -> Array:
     """`S[..., g_resp, g_rub]`: response g_resp scored under group g_rub (0 under malformed g_rub).
 
-    Negative-weight items subtract when satisfied, so S may be negative; a response that meets
+    The GenRubric score of `jaxrubric.rubric.scores.genrubric_score` (the one evaluation uses):
+    negative-weight items subtract when satisfied, so S may be negative; a response that meets
     every positive item and no negative one scores 1.
     """
-    v = jnp.asarray(verdicts, jnp.float32)
-    w = jnp.where(jnp.asarray(item_valid, bool), jnp.asarray(weights, jnp.float32), 0.0)
-    max_score = jnp.where(w > 0, w, 0.0).sum(-1)
-    score = safe_ratio((v * w[..., None, :, :]).sum(-1), max_score[..., None, :])
-    return jnp.where(group_validity(weights, item_valid)[..., None, :], score, 0.0)
+    scores, _ = genrubric_score(verdicts, jnp.asarray(weights)[..., None, :, :],
+                                jnp.asarray(item_valid)[..., None, :, :])
+    return scores
 
 
 def _response_mask(group_valid: Array, response_valid: Array | None) -> Array:
@@ -227,11 +228,17 @@ def genrubric_token_advantages(
     item_mask: Array,
     token_item_index: Array,
     *,
+    group_valid: Array | None = None,
     mode: AdvantageMode = "group_std",
     eps: float = 1e-6,
 ) -> Array:
     """Rewards to token advantages `[..., G, L]`: group advantages over the G groups of a query
-    for the sequence part, `item_advantages` for the item part, then `token_level_advantages`."""
+    for the sequence part (when `group_valid` is given, malformed groups are first ranked below
+    every well-formed one, `rl.grpo.rank_invalid_last`: a reward of 0 is no penalty when the
+    well-formed groups score `[-2, -2]`), `item_advantages` for the item part, then
+    `token_level_advantages`."""
+    if group_valid is not None:
+        sequence_reward = rank_invalid_last(sequence_reward, group_valid)
     seq_adv = group_advantages(sequence_reward, mode=mode, eps=eps)
     item_adv = item_advantages(item_reward, item_mask, mode=mode, eps=eps)
     return token_level_advantages(seq_adv, item_adv, token_item_index)

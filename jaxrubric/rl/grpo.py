@@ -10,6 +10,7 @@ estimators) live in registries so a config picks them by string.
 
 from __future__ import annotations
 
+import typing
 from typing import Any, Callable, Literal, NamedTuple
 
 import jax
@@ -21,12 +22,20 @@ from jaxrubric import microbatch
 
 Array = jax.Array
 AdvantageMode = Literal["group_std", "no_std", "batch_std"]
+ADVANTAGE_MODES: tuple[str, ...] = typing.get_args(AdvantageMode)
 
 
 def safe_ratio(total: Array, denominator: Array) -> Array:
     """`total / denominator`, or 0 where the denominator is 0 (an all-masked batch)."""
     denominator = jnp.asarray(denominator, jnp.float32)
     return jnp.where(denominator > 0, total / jnp.where(denominator > 0, denominator, 1.0), 0.0)
+
+
+def masked_mean(x: Array, mask: Array, axis: int | tuple[int, ...] | None = None) -> Array:
+    """Mean of `x` over the entries where `mask` (broadcast to `x`) holds, along `axis` (None:
+    all); 0 where it holds nowhere. Masked entries carry nothing, even NaN."""
+    mask = jnp.broadcast_to(jnp.asarray(mask, bool), jnp.shape(x))
+    return safe_ratio(jnp.where(mask, x, 0.0).sum(axis), mask.sum(axis))
 
 
 # --------------------------------------------------------------------------------------------
@@ -76,6 +85,16 @@ def group_advantages(
     axis = -1 if mode == "group_std" else None
     std = jnp.sqrt(jnp.sum(dev**2, axis, keepdims=True) / jnp.maximum(count - ddof, 1.0))
     return adv / (std + eps)
+
+
+def rank_invalid_last(rewards: Array, valid: Array, *, margin: float = 1.0) -> Array:
+    """Rewards `[..., G]` with each invalid sample's set `margin` below the lowest valid one
+    of its group, so that its advantage is the group's lowest whatever the valid rewards'
+    range (a fixed penalty such as 0 or -1 is not below a reward that can be more negative).
+    A group with no valid sample keeps its rewards."""
+    valid = jnp.broadcast_to(jnp.asarray(valid, bool), jnp.shape(rewards))
+    lowest = jnp.min(jnp.where(valid, rewards, jnp.inf), axis=-1, keepdims=True)
+    return jnp.where(valid | ~valid.any(-1, keepdims=True), rewards, lowest - margin)
 
 
 # --------------------------------------------------------------------------------------------
@@ -194,6 +213,10 @@ def aggregate_loss(
 # KL estimators registry: per-token estimates of KL(pi || pi_ref) from samples of pi
 # --------------------------------------------------------------------------------------------
 
+# |log pi - log pi_old| (and |log pi_ref - log pi| in k3) is clamped to this before `exp`: a
+# ratio of e^20 ~ 5e8 is already meaningless, and e^89 overflows float32 (Tunix clamps at 20).
+LOG_RATIO_BOUND = 20.0
+
 KLEstimator = Callable[[Array, Array], Array]
 KL_ESTIMATORS: dict[str, KLEstimator] = {}
 
@@ -223,8 +246,9 @@ def _kl_k2(logp: Array, ref_logp: Array) -> Array:
 
 @register_kl_estimator("k3")
 def _kl_k3(logp: Array, ref_logp: Array) -> Array:
-    """`exp(ref - logp) - (ref - logp) - 1`: unbiased and non-negative (GRPO's choice)."""
-    d = ref_logp - logp
+    """`exp(ref - logp) - (ref - logp) - 1`: unbiased and non-negative (GRPO's choice); the
+    log-ratio is bounded by `LOG_RATIO_BOUND` before `exp`."""
+    d = jnp.clip(ref_logp - logp, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     return jnp.exp(d) - d - 1.0
 
 
@@ -330,7 +354,10 @@ def grpo_loss(
     adv = jnp.broadcast_to(adv[:, None] if adv.ndim == 1 else adv, logp.shape)
 
     # Masked positions may hold garbage (padding): zero them before exp so no inf/NaN leaks.
-    log_ratio = jnp.where(valid, logp - old_logp, 0.0)
+    # The bound keeps exp finite when the policy has moved far from the sampler (past it the
+    # ratio is clipped anyway, except under an unclipped negative advantage).
+    log_ratio = jnp.clip(jnp.where(valid, logp - old_logp, 0.0), -LOG_RATIO_BOUND,
+                         LOG_RATIO_BOUND)
     ratio = jnp.exp(log_ratio)
     clipped = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
     pg = jnp.maximum(-adv * ratio, -adv * clipped)
@@ -394,8 +421,9 @@ def grpo_update(
     moves away from 1 and clipping starts to bind. `params` is any pytree (an NNX state works);
     `loss_fn(params, batch) -> (loss, metrics)`. The steps run in one `lax.scan`, so this is
     jittable with `loss_fn`, `optimizer` and `num_updates` static. Returned metrics are
-    stacked along a leading `[num_updates]` axis and include `loss` and `grad_norm` (global
-    L2 norm of the gradient before the optimiser).
+    stacked along a leading `[num_updates]` axis and include `loss`, `grad_norm` (global
+    L2 norm of the gradient before the optimiser) and `skipped` (1 for a step whose loss or
+    gradient was not finite: it changed neither the parameters nor the optimiser state).
 
     With `micro_batches = n > 1`, every leaf of `batch` has the rows as its leading axis and
     each step splits them into n micro-batches (`microbatch.split`), summing the loss, the
@@ -417,9 +445,16 @@ def grpo_update(
     def step(carry: Carry, _: None) -> tuple[Carry, dict[str, Array]]:
         p, state = carry
         (loss, metrics), grads = grad_fn(p, batch)
-        updates, state = optimizer.update(grads, state, p)
-        p = optax.apply_updates(p, updates)
-        return (p, state), {**metrics, "loss": loss, "grad_norm": optax.global_norm(grads)}
+        grad_norm = optax.global_norm(grads)
+        updates, new_state = optimizer.update(grads, state, p)
+        # A non-finite loss or gradient skips the step: parameters and optimiser state stay
+        # as they were, so one bad batch never poisons the weights (the caller counts skips).
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        keep = lambda new, old: jax.tree.map(  # noqa: E731
+            lambda a, b: jnp.where(finite, a, b), new, old)
+        p, state = keep(optax.apply_updates(p, updates), p), keep(new_state, state)
+        return (p, state), {**metrics, "loss": loss, "grad_norm": grad_norm,
+                            "skipped": 1.0 - finite.astype(jnp.float32)}
 
     (params, opt_state), metrics = lax.scan(step, (params, opt_state), None, length=num_updates)
     return params, opt_state, metrics

@@ -186,9 +186,7 @@ class RubricGrammar:
     @property
     def max_rubric_tokens(self) -> int:
         """Longest token sequence the grammar admits, end token included (a safe Lrub)."""
-        weight_len = max(len(str(w)) for w in self.weights)
-        per_item = 1 + weight_len + 1 + 1 + self.max_item_tokens + 1
-        return self.max_items * per_item + 1
+        return max_rubric_tokens(self.weights, self.max_items, self.max_item_tokens)
 
 
 class ParsedRubric(NamedTuple):
@@ -349,10 +347,24 @@ def _run_automaton(auto: _ByteAutomaton, class_strings: list[bytes]) -> tuple[np
     return state[:, unsort], has_text[:, unsort], has_syntax[:, unsort]
 
 
+# The item weights of each method's rubrics: DynamicRubric's positive importances, and
+# GenRubric's signed ones (negative items penalise an observable error).
+POSITIVE_WEIGHTS: tuple[int, ...] = (1, 2, 3, 4, 5)
+SIGNED_WEIGHTS: tuple[int, ...] = (-5, -4, -3, -2, -1, 1, 2, 3, 4, 5)
+
+
+def max_rubric_tokens(weights: Iterable[int], max_items: int, max_item_tokens: int) -> int:
+    """Longest token sequence a grammar of these weights and sizes admits, end token included:
+    per item `[`, the weight's digits, `]`, a space, up to Li text tokens and a newline."""
+    weight_len = max(len(str(w)) for w in weights)
+    per_item = 1 + weight_len + 1 + 1 + max_item_tokens + 1
+    return max_items * per_item + 1
+
+
 def build_rubric_grammar(
     tokenizer_or_vocab: Any,
     *,
-    weights: Iterable[int] = range(1, 6),
+    weights: Iterable[int] = POSITIVE_WEIGHTS,
     max_items: int = 16,
     max_item_tokens: int = 64,
     end_token_id: int | None = None,

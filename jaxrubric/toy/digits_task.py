@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -122,11 +123,12 @@ def token_quality(responses: jax.Array, response_len: jax.Array, prompt: jax.Arr
     return kept_big * dropped_small * jnp.where(in_order, 1.0, 0.5)
 
 
-def oracle_reward(response_tokens: jax.Array, response_len: jax.Array, batch: dict
+def oracle_reward(response_tokens: jax.Array, response_len: jax.Array, question: Any
                   ) -> jax.Array:
-    """The ground truth as a policy reward ``[B, K]``: `token_quality` against the question."""
-    return token_quality(response_tokens, response_len, batch["prompt"][:, None],
-                         batch["prompt_len"][:, None])
+    """The ground truth as a policy reward ``[B, K]``: `token_quality` against the question
+    (a `methods.core.Question`: tokens ``[B, Lq]``, lengths ``[B]``)."""
+    return token_quality(response_tokens, response_len, question.tokens[:, None],
+                         question.lengths[:, None])
 
 
 # ------------------------------------------------------------------------------ answers

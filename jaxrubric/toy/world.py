@@ -361,7 +361,7 @@ def _train_run(name: str, workdir: Path, paths: dict[str, Path], cfg: ToyWorldCo
 
     run_dir = workdir / "runs" / name
     print(f"run: {name}", flush=True)
-    train(run_config(name, workdir, paths, cfg, generator), run_dir)
+    train(run_config(name, workdir, paths, cfg, generator), run_dir, oracle=task.oracle_reward)
     return run_dir
 
 
@@ -373,7 +373,7 @@ def trained_generator(workdir: Path, paths: dict[str, Path], cfg: ToyWorldConfig
     if not (out / "config.json").exists():
         run_dir = _train_run("generator", workdir, paths, cfg,
                              workdir / "models" / "generator_cold")
-        export(run_dir, "generator", out)
+        export(run_dir, "generator", out, oracle=task.oracle_reward)
     return out
 
 
@@ -384,7 +384,7 @@ def quality_curves(workdir: Path, runs: tuple[str, ...]) -> dict[str, list[dict[
     for name in runs:
         history = read_eval_history(workdir / "runs" / name)
         curves[name] = [{"round": h["round"], "quality": h["eval/quality"],
-                         "delta_gap": h.get("eval/delta_gap")} for h in history]
+                         "anchor_delta_gap": h.get("eval/anchor_delta_gap")} for h in history]
     return curves
 
 
@@ -393,7 +393,8 @@ def summarize(workdir: Path, cfg: ToyWorldConfig) -> dict[str, Any]:
     curves = quality_curves(workdir, cfg.runs)
     summary = {name: [p["quality"] for p in curve] for name, curve in curves.items()}
     summary["rounds"] = [p["round"] for p in next(iter(curves.values()))]
-    summary["delta_gap"] = {name: [p["delta_gap"] for p in c] for name, c in curves.items()}
+    summary["anchor_delta_gap"] = {name: [p["anchor_delta_gap"] for p in c]
+                                   for name, c in curves.items()}
     summary["config"] = dataclasses.asdict(cfg)
     (workdir / "summary.json").write_text(json.dumps(summary, indent=1))
     plot(summary, workdir / "quality.png", cfg.runs)
@@ -422,7 +423,7 @@ def plot(summary: dict[str, Any], path: Path, runs: tuple[str, ...]) -> None:
     for name in runs:
         quality.plot(summary["rounds"], summary[name], marker="o", ms=3, label=labels[name])
         if name != "oracle":  # the oracle run's generator is frozen too: same as "frozen"
-            gap.plot(summary["rounds"], summary["delta_gap"][name], marker="o", ms=3,
+            gap.plot(summary["rounds"], summary["anchor_delta_gap"][name], marker="o", ms=3,
                      label=labels[name])
     quality.set(xlabel="co-evolution round", ylabel="held-out quality",
                 title="Policy: keep the big digits")
@@ -493,7 +494,7 @@ def mistake_profile(workdir: str | Path, run: str | None = None, *, samples: int
     if run is not None:
         model_dir = workdir / "exported" / run
         if not (model_dir / "config.json").exists():
-            export(workdir / "runs" / run, "policy", model_dir)
+            export(workdir / "runs" / run, "policy", model_dir, oracle=task.oracle_reward)
     rows = [json.loads(line) for line in (workdir / "data" / "eval.jsonl").read_text().splitlines()]
     out = generate(jaxrubric.load_pretrained(model_dir),
                    [_policy_prompt(tokenizer, r["prompt"]) for r in rows], max_new_tokens=8,

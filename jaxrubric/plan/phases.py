@@ -1,5 +1,5 @@
-"""Per-device memory of each stage of a co-evolution round: the formulas `jaxrubric.plan`
-adds up.
+"""Per-device memory of each stage of a co-evolution round: the formulas `plan.memory` adds
+up, one per kind of stage (a rollout, a verifier pass, a role's update).
 
 Per-device sizes assume the round is partitioned as the sharding rules intend: batch rows
 split over `data` x `fsdp`, attention heads, kv heads, MLP and vocabulary split over `tensor`
@@ -38,12 +38,11 @@ vocabulary, `c` bytes of the compute dtype, `L` layers, `Q` the model's `attenti
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import jax.numpy as jnp
 
-if TYPE_CHECKING:
-    from jaxrubric.plan import RoleParams
+from jaxrubric.plan.models import RoleParams
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,773 @@
+"""What both methods' rounds share: their config, data types, setup, the GRPO role update, rubric
+writing, verification, the jitted round builders and batch encoding.
+
+A round (DESIGN.md section 1) is a pure function `round(setup, state, frozen, batch, rng, run)`
+of typed pytrees, written as stages `run(role, stage, *args)` (`jaxrubric.placement`): jitted
+whole it is one program, on sub-meshes one program per stage. `RoundSetup` holds what is
+static (graph definitions, token templates, the grammar, optimisers); `make_round_step` returns
+the jitted `round_step(state, batch, rng) -> (state, RoundResult)` with the state donated.
+Policy, generator and verifier share one tokenizer: responses are spliced into the generator's
+and the verifier's prompts as token ids.
+
+Each method (`dynamic_rubric.py`, `genrubric.py`) is a `Method`: its checks, its setup, its
+round in data-flow order, its held-out evaluation and a description of its stages' shapes
+(`RoundShapes`), which FLOPs, `jaxrubric plan` and the micro-batch checks read.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, Literal, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from jaxrubric import microbatch, placement, sampling
+from jaxrubric.models.transformer import Decoder
+from jaxrubric.rewards.dynamic_rubric import DISC_MODES
+from jaxrubric.rl import grpo
+from jaxrubric.roles import TRAINED, Role
+from jaxrubric.rubric import grammar as grammar_lib
+from jaxrubric.rubric import templates as tpl
+from jaxrubric.rubric import verifier as ver
+
+PyTree = Any
+
+
+# ------------------------------------------------------------------------------ config
+@dataclasses.dataclass(frozen=True)
+class RoundConfig:
+    """The static knobs of a round (each distinct value compiles once)."""
+
+    num_responses: int = 8  # K
+    num_rubrics: int = 4  # G
+    response_tokens: int = 64  # policy max_new_tokens (static output length)
+    policy_temperature: float = 1.0
+    generator_temperature: float = 1.0
+    top_p: float | None = None
+    # GRPO, per role
+    policy_beta: float = 0.01
+    generator_beta: float = 0.01
+    kl_estimator: str = "k3"
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    aggregation: str = "token-mean"
+    advantage_mode: str = "group_std"
+    num_updates: int = 1  # mu
+    logprob_chunk: int = 64
+    # Memory: each GRPO update runs its rows through the model in this many micro-batches
+    # (gradients summed, one optimiser step: the same step as the whole batch); each rollout
+    # stage (sampling, verification) its prompts likewise. 1: all rows at once.
+    update_micro_batches: int = 1
+    rollout_micro_batches: int = 1
+    # rewards
+    anchor_weight: float = 1.0  # lambda
+    disc_mode: str = "item_variance"
+    soft_verdicts: bool = False  # rewards from p_yes instead of 0/1 verdicts
+    invalid_rubric_reward: float = -1.0
+    # GenRubric's reward coefficients (`rewards.genrubric.genrubric_rewards`): sequence reward
+    # = comprehensiveness + group discrimination; item reward = discriminative +
+    # non-redundant. The paper's ablation keeps comprehensiveness alone.
+    comprehensiveness_coef: float = 1.0
+    discrimination_coef: float = 1.0
+    discriminative_coef: float = 0.5
+    nonredundant_coef: float = 0.5
+    # Which rubric scores the policy: the mean over valid groups, or the group the generator's
+    # reward ranks best (the sharpest evaluator of this round).
+    policy_score: Literal["mean", "best_group"] = "mean"
+    freeze_generator: bool = False  # the stale-evaluator ablation
+    freeze_policy: bool = False
+    # "dynamic": the generator sees the prompt and the K responses (DynamicRubric); "static": the
+    # prompt alone, the baseline DynamicRubric claims to beat (same rewards, same updates).
+    rubric_source: Literal["dynamic", "static"] = "dynamic"
+    # "rubric": the policy is rewarded by rubric scores; "oracle": by the setup's ground-truth
+    # reward (a toy world's checker), the ceiling the rubric runs are compared with.
+    policy_reward: Literal["rubric", "oracle"] = "rubric"
+
+    def __post_init__(self) -> None:
+        for name in ("num_responses", "num_rubrics", "response_tokens", "num_updates",
+                     "logprob_chunk", "update_micro_batches", "rollout_micro_batches"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"round config: {name} must be >= 1, got {getattr(self, name)}")
+        if self.num_responses < 2:
+            raise ValueError("round config: num_responses must be >= 2 (GRPO needs a group)")
+        for name, allowed in OPTIONS.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"round config: {name} {getattr(self, name)!r} is not one of "
+                                 f"{sorted(allowed)}")
+
+    def beta(self, role: Role) -> float:
+        """The KL coefficient of a trained role."""
+        return self.policy_beta if role == Role.POLICY else self.generator_beta
+
+    def needs_reference(self, role: Role) -> bool:
+        """Whether a role's update has a KL term, so the round needs its frozen reference."""
+        return self.beta(role) > 0 and not self.frozen(role)
+
+    def frozen(self, role: Role) -> bool:
+        """Whether a trained role skips its update this run (the verifier is always frozen)."""
+        if role == Role.VERIFIER:
+            return True
+        return self.freeze_policy if role == Role.POLICY else self.freeze_generator
+
+
+# The string options of a round and the names each accepts (registries where there is one).
+OPTIONS: dict[str, Any] = {
+    "kl_estimator": grpo.KL_ESTIMATORS,
+    "aggregation": grpo.LOSS_AGGREGATIONS,
+    "advantage_mode": grpo.ADVANTAGE_MODES,
+    "disc_mode": DISC_MODES,
+    "policy_score": ("mean", "best_group"),
+    "rubric_source": ("dynamic", "static"),
+    "policy_reward": ("rubric", "oracle"),
+}
+
+
+# ------------------------------------------------------------------------------ data
+class Question(NamedTuple):
+    """The plain question, spliced into the templates."""
+
+    tokens: jax.Array  # [B, Lq] right-padded
+    lengths: jax.Array  # [B]
+
+
+class PolicyPrompt(NamedTuple):
+    """The chat-formatted prompt the policy answers (DynamicRubric)."""
+
+    tokens: jax.Array  # [B, Lp] left-padded
+    mask: jax.Array  # [B, Lp] real tokens
+    lengths: jax.Array  # [B]
+
+
+class Anchors(NamedTuple):
+    """Reference answers ranked best-first (DynamicRubric's anchor reward and evaluation)."""
+
+    tokens: jax.Array  # [B, n, La] right-padded
+    lengths: jax.Array  # [B, n]
+    mask: jax.Array  # [B, n] listed answers
+
+
+class RoundBatch(NamedTuple):
+    """One round's fixed-shape batch (`encode_batch`); GenRubric reads the question only."""
+
+    question: Question
+    policy: PolicyPrompt
+    anchors: Anchors
+
+
+class RoleState(NamedTuple):
+    """A trained role's parameters and optimiser state (None while the run freezes it)."""
+
+    params: nnx.State
+    opt_state: PyTree | None
+
+
+class RoundState(NamedTuple):
+    """The trainable state of a run: what a checkpoint holds besides the data position."""
+
+    policy: RoleState
+    generator: RoleState
+    round: jax.Array  # int32 scalar, rounds completed
+
+    def role(self, role: Role) -> RoleState:
+        return self.policy if role == Role.POLICY else self.generator
+
+
+class Frozen(NamedTuple):
+    """Weights a round reads and never updates: arguments of the program, not constants."""
+
+    verifier: nnx.State
+    policy_ref: nnx.State | None = None  # the KL reference, when policy_beta > 0
+    generator_ref: nnx.State | None = None  # likewise for the generator
+
+    def reference(self, role: Role) -> nnx.State | None:
+        return self.policy_ref if role == Role.POLICY else self.generator_ref
+
+
+class RoundResult(NamedTuple):
+    """What a round returns beside the new state: scalar metrics (replicated, logged every
+    round) and the method's outputs (left where they were computed; fetched only to write a
+    text sample)."""
+
+    scalars: dict[str, jax.Array]
+    outputs: Any  # the method's outputs NamedTuple: responses, response_len, rubrics, ...
+
+
+# ------------------------------------------------------------------------------ setup
+@dataclasses.dataclass(frozen=True, eq=False)
+class RoleSpec:
+    """What a round knows of a role: its graph definition and, when trained, its optimiser,
+    KL coefficient and whether this run freezes it."""
+
+    graph: Any
+    optimizer: optax.GradientTransformation | None = None
+    beta: float = 0.0
+    frozen: bool = True
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RoundSetup:
+    """Everything static about a round: built once on the host from the tokenizer."""
+
+    config: RoundConfig
+    graphs: Mapping[Role, Any]  # every role's graph definition
+    optimizers: Mapping[Role, optax.GradientTransformation]  # the trained roles'
+    generator_template: tpl.TokenTemplate
+    verifier_template: tpl.TokenTemplate
+    readout: ver.VerifierReadout
+    grammar: grammar_lib.RubricGrammar
+    stop_token_ids: tuple[int, ...]
+    pad_id: int
+    # GenRubric: the prompt under which the policy answers while shown a rubric.
+    induced_template: tpl.TokenTemplate | None = None
+    # `oracle_reward(response_tokens [B, K, L], response_len [B, K], question) -> [B, K]`: the
+    # ground-truth reward of `policy_reward="oracle"` (a toy world provides one); jittable.
+    oracle_reward: Callable[..., jax.Array] | None = None
+
+    @property
+    def roles(self) -> dict[Role, RoleSpec]:
+        """Each role's spec, its KL coefficient and frozen flag read from `config` (so a setup
+        with another config, `dataclasses.replace(setup, config=...)`, is consistent)."""
+        return {role: RoleSpec(self.graphs[role], self.optimizers.get(role),
+                               self.config.beta(role) if role in TRAINED else 0.0,
+                               self.config.frozen(role)) for role in Role}
+
+    def graph(self, role: Role) -> Any:
+        return self.graphs[role]
+
+
+Models = Mapping[Role, Decoder]
+Optimizers = Mapping[Role, optax.GradientTransformation]
+
+
+def setup_fields(config: RoundConfig, tokenizer: Any, models: Models, optimizers: Optimizers,
+                 chat_template_kwargs: Mapping[str, Any] | None = None,
+                 template_style: str = "full") -> dict[str, Any]:
+    """What every method's setup takes from the shared tokenizer and the three models."""
+    sizes = [models[r].config.vocab_size for r in Role]
+    if len(set(sizes)) != 1 or sizes[0] < len(tokenizer):
+        raise ValueError(f"policy, generator and verifier must share the tokenizer's vocabulary "
+                         f"({len(tokenizer)} tokens); their vocab sizes are {sizes}")
+    kwargs = dict(chat_template_kwargs) if chat_template_kwargs else None
+    verifier_template = tpl.verifier_template(tokenizer, kwargs, template_style)
+    stops = set(models[Role.POLICY].config.eos_token_ids)
+    if tokenizer.eos_token_id is not None:
+        stops.add(tokenizer.eos_token_id)
+    return dict(
+        config=config, graphs={role: nnx.graphdef(models[role]) for role in Role},
+        optimizers={role: optimizers[role] for role in TRAINED},
+        verifier_template=verifier_template,
+        readout=ver.verifier_readout(tokenizer, verifier_template),
+        stop_token_ids=tuple(sorted(stops)),
+        pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
+    )
+
+
+def init_state(setup: RoundSetup, models: Models) -> RoundState:
+    """The trainable state: both trained models' parameters and optimiser states (None for a
+    role this run freezes: it never steps), round 0."""
+    # Scalars (optimiser counts, the round counter) go on their role's mesh, replicated, so the
+    # state that comes out of a round has the shardings of the one that went in: no recompiles.
+    roles = {}
+    replicated = {}
+    for role in TRAINED:
+        params = nnx.state(models[role], nnx.Param)
+        replicated[role] = NamedSharding(jax.tree.leaves(params)[0].sharding.mesh,
+                                         PartitionSpec())
+        opt_state = None if setup.roles[role].frozen else jax.tree.map(
+            lambda x, r=replicated[role]: x if isinstance(x.sharding, NamedSharding)
+            else jax.device_put(x, r), setup.roles[role].optimizer.init(params))
+        roles[role] = RoleState(params, opt_state)
+    return RoundState(roles[Role.POLICY], roles[Role.GENERATOR],
+                      jax.device_put(jnp.zeros((), jnp.int32), replicated[Role.POLICY]))
+
+
+# ------------------------------------------------------------------------------ updates
+def completion_logprobs(model: Decoder, prompt: jax.Array, prompt_mask: jax.Array,
+                        completion: jax.Array, chunk_size: int, return_entropy: bool = False
+                        ) -> jax.Array | tuple[jax.Array, jax.Array]:
+    """Teacher-forced `log p(completion)` `[R, N]` after left-padded prompts `[R, P]` (and the
+    per-token entropy of the model's distribution, `[R, N]`).
+
+    Positions count real tokens, as in the sampler, so these equal the sampler's log-probs.
+    The vocabulary projection runs in chunks (never `[R, N, V]` logits whole).
+    """
+    width = prompt.shape[1]
+    tokens = jnp.concatenate([prompt, completion], axis=1)
+    mask = jnp.concatenate([prompt_mask, jnp.ones_like(completion, bool)], axis=1)
+    hidden, _ = model.hidden_states(tokens, attention_mask=mask)
+    predicting = hidden[:, width - 1:-1]
+    return grpo.token_logprobs_chunked(predicting, model.logits, completion,
+                                       chunk_size=chunk_size, return_entropy=return_entropy)
+
+
+def grpo_role_update(cfg: RoundConfig, spec: RoleSpec, state: RoleState,
+                     ref_params: nnx.State | None, prompt: jax.Array, prompt_mask: jax.Array,
+                     completion: jax.Array, completion_mask: jax.Array,
+                     sampler_logp: jax.Array, advantages: jax.Array
+                     ) -> tuple[RoleState, dict[str, jax.Array]]:
+    """One GRPO update (mu optimiser steps) of a role on its own samples (rows `[R, ...]`).
+
+    The rows go through the model in `cfg.update_micro_batches` micro-batches, the reference
+    log-probs too; each micro-batch's loss is divided by the whole batch's totals, so the
+    summed gradient is the whole batch's.
+    """
+    n, graph, beta = cfg.update_micro_batches, spec.graph, spec.beta
+    batch = {"prompt": prompt, "prompt_mask": prompt_mask, "completion": completion,
+             "completion_mask": completion_mask, "sampler_logp": sampler_logp,
+             "advantages": advantages}
+    if beta > 0:
+        reference = nnx.merge(graph, ref_params)
+        batch["ref_logp"] = jax.lax.stop_gradient(microbatch.map_rows(
+            lambda b: completion_logprobs(reference, b["prompt"], b["prompt_mask"],
+                                          b["completion"], cfg.logprob_chunk), batch, n))
+    totals = None if n == 1 else grpo.batch_totals(completion_mask, cfg.aggregation,
+                                                   max_len=completion.shape[1])
+
+    def loss_fn(p, b):
+        logp, entropy = completion_logprobs(nnx.merge(graph, p), b["prompt"], b["prompt_mask"],
+                                            b["completion"], cfg.logprob_chunk,
+                                            return_entropy=True)
+        return grpo.grpo_loss(
+            logp, jax.lax.stop_gradient(b["sampler_logp"]), b["advantages"],
+            b["completion_mask"], ref_logp=b.get("ref_logp"), beta=beta,
+            kl_estimator=cfg.kl_estimator, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
+            aggregation=cfg.aggregation, max_len=completion.shape[1],
+            sampler_logp=b["sampler_logp"], entropy=jax.lax.stop_gradient(entropy),
+            totals=totals)
+
+    params, opt_state, metrics = grpo.grpo_update(
+        state.params, state.opt_state, batch, loss_fn, spec.optimizer,
+        num_updates=cfg.num_updates, micro_batches=n)
+    skipped = metrics.pop("skipped").sum()  # non-finite steps, each left the role unchanged
+    last = {k: v[-1] for k, v in metrics.items()}  # the metrics of the last step
+    return RoleState(params, opt_state), {**last, "skipped_updates": skipped}
+
+
+def role_update_stage(role: Role, setup: RoundSetup, state: RoleState,
+                      ref_params: nnx.State | None, prompt: jax.Array, prompt_mask: jax.Array,
+                      samples: sampling.SampleResult, advantages: jax.Array
+                      ) -> tuple[RoleState, dict[str, jax.Array]]:
+    """GRPO update of `role` on its samples `[B, S, L]`.
+
+    `prompt`/`prompt_mask` are `[B, P]` (one prompt under all S samples) or `[B, S, P]` (a
+    prompt per sample); `advantages` are `[B, S]` or token-level `[B, S, L]`. Returns the
+    role's new state and its metrics, prefixed by the role.
+    """
+    b, s = samples.tokens.shape[:2]
+    rows = b * s
+    if prompt.ndim == 2:
+        prompt, prompt_mask = (jnp.repeat(x, s, axis=0) for x in (prompt, prompt_mask))
+    else:
+        prompt, prompt_mask = (x.reshape(rows, -1) for x in (prompt, prompt_mask))
+    tokens = samples.tokens.reshape(rows, -1)
+    state, metrics = grpo_role_update(
+        setup.config, setup.roles[role], state, ref_params, prompt, prompt_mask, tokens,
+        jnp.arange(tokens.shape[1]) < samples.lengths.reshape(rows, 1),
+        samples.logprobs.reshape(rows, -1), advantages.reshape(rows, *advantages.shape[2:]))
+    return state, {f"{role}/{k}": v for k, v in metrics.items()}
+
+
+# Stable stage objects: a sub-mesh placement compiles one program per stage object.
+UPDATE_STAGES = {role: functools.partial(role_update_stage, role) for role in TRAINED}
+
+
+class UpdateInputs(NamedTuple):
+    """What a role's update learns from (see `role_update_stage`)."""
+
+    prompt: jax.Array  # [B, P] or [B, S, P], left-padded
+    prompt_mask: jax.Array
+    samples: sampling.SampleResult  # [B, S, L]
+    advantages: jax.Array  # [B, S] or [B, S, L]
+
+
+def update_roles(setup: RoundSetup, run: placement.Placement, state: RoundState,
+                 frozen: Frozen, inputs: Mapping[Role, UpdateInputs]
+                 ) -> tuple[RoundState, dict[str, jax.Array]]:
+    """The round's GRPO updates of the roles this run trains, generator first. Returns the new
+    state (round counter advanced) and the updates' metrics."""
+    new = {role: state.role(role) for role in TRAINED}
+    metrics: dict[str, jax.Array] = {}
+    for role in TRAINED:
+        if setup.roles[role].frozen:
+            continue
+        new[role], role_metrics = run(role, UPDATE_STAGES[role], state.role(role),
+                                      frozen.reference(role), *inputs[role], keep=1)
+        metrics.update(role_metrics)
+    return RoundState(new[Role.POLICY], new[Role.GENERATOR], state.round + 1), metrics
+
+
+# ------------------------------------------------------------------------------ rollouts
+def write_rubrics(setup: RoundSetup, generator: Decoder, gen_input: tpl.Packed,
+                  rng: jax.Array) -> tuple[sampling.SampleResult, grammar_lib.ParsedRubric]:
+    """The generator samples G grammar-constrained rubrics per (left-padded) prompt, parsed."""
+    rubrics = sampling.sample(
+        generator, gen_input.tokens, gen_input.mask, gen_input.lengths, rng,
+        num_samples=setup.config.num_rubrics, max_new_tokens=setup.grammar.max_rubric_tokens,
+        temperature=setup.config.generator_temperature, grammar=setup.grammar,
+        micro_batches=setup.config.rollout_micro_batches)
+    return rubrics, grammar_lib.parse_rubric_tokens(rubrics.tokens, setup.grammar, setup.pad_id)
+
+
+def text_lengths(samples: sampling.SampleResult) -> jax.Array:
+    """Sampled lengths without the stop token (what a template splices in)."""
+    return samples.lengths - samples.finished.astype(jnp.int32)
+
+
+def judge(setup: RoundSetup, verifier: Decoder, question: Question, answers: jax.Array,
+          answer_len: jax.Array, parsed: grammar_lib.ParsedRubric, item_valid: jax.Array
+          ) -> jax.Array:
+    """Verdicts `[B, N, G, M]` of answers `[B, N, L]` under every valid item: one tree forward
+    per (question, answer); 0/1, or p_yes with `soft_verdicts`."""
+    prefix = ver.verifier_prefix(setup.verifier_template, question.tokens, question.lengths,
+                                 answers, answer_len, pad_id=setup.pad_id)
+    out = ver.verify(verifier, setup.readout, prefix.tokens, prefix.lengths, parsed.items,
+                     parsed.item_lengths, item_valid, pad_id=setup.pad_id,
+                     micro_batches=setup.config.rollout_micro_batches)
+    return out.p_yes if setup.config.soft_verdicts else out.verdicts.astype(jnp.float32)
+
+
+# ------------------------------------------------------------------------------ programs
+RoundFn = Callable[..., tuple[RoundState, RoundResult]]
+
+
+def round_program(setup: RoundSetup, round_fn: RoundFn, state_shardings: PyTree
+                  ) -> Callable[[RoundState, Frozen, RoundBatch, jax.Array],
+                                tuple[RoundState, RoundResult]]:
+    """The jitted round `(state, frozen, batch, rng) -> (state, result)` for a state with these
+    shardings (concrete or abstract: `jaxrubric plan` compiles the same program): the state
+    donated and its shardings kept, frozen weights arguments (not constants), scalars
+    replicated, outputs where the program leaves them."""
+    replicated = NamedSharding(jax.tree.leaves(state_shardings)[0].mesh, PartitionSpec())
+    return jax.jit(
+        lambda state, frozen, batch, rng: round_fn(setup, state, frozen, batch, rng),
+        donate_argnums=(0,),
+        out_shardings=(state_shardings, RoundResult(scalars=replicated, outputs=None)))
+
+
+def make_round_step(setup: RoundSetup, frozen: Frozen, round_fn: RoundFn
+                    ) -> Callable[[RoundState, RoundBatch, jax.Array],
+                                  tuple[RoundState, RoundResult]]:
+    """`round_program` with the frozen weights bound, built at the first call from that
+    state's shardings."""
+    compiled: dict[str, Any] = {}
+
+    def round_step(state, batch, rng):
+        if "jitted" not in compiled:
+            compiled["jitted"] = round_program(setup, round_fn,
+                                               jax.tree.map(lambda x: x.sharding, state))
+            round_step.jitted = compiled["jitted"]  # exposes the compilation cache to tests
+        return compiled["jitted"](state, frozen, batch, rng)
+
+    return round_step
+
+
+def make_submesh_round_step(setup: RoundSetup, frozen: Frozen, run: placement.SubMeshes,
+                            round_fn: RoundFn
+                            ) -> Callable[[RoundState, RoundBatch, jax.Array],
+                                          tuple[RoundState, RoundResult]]:
+    """The round with each role on its own sub-mesh: one program per stage (`run`), each
+    role's state donated to its update and kept on its mesh. Same signature and results as
+    `make_round_step`; its metrics live on the meshes that computed them."""
+
+    def round_step(state, batch, rng):
+        return round_fn(setup, state, frozen, batch, rng, run)
+
+    round_step.placement = run  # exposes the stages' compilation caches to tests
+    return round_step
+
+
+# ------------------------------------------------------------------------------ batches
+def encode_batch(tokenizer: Any, questions: list[str], anchors: list[list[str]], *,
+                 prompt_tokens: int, policy_tokens: int, anchor_tokens: int,
+                 num_anchors: int) -> RoundBatch:
+    """Host side: questions and best-first anchor answers -> the round's fixed-shape batch
+    (NumPy arrays). Anything longer than its budget is an error naming the row, never cut."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    b = len(questions)
+    question = Question(np.full((b, prompt_tokens), pad, np.int32), np.zeros((b,), np.int32))
+    policy = PolicyPrompt(np.full((b, policy_tokens), pad, np.int32),
+                          np.zeros((b, policy_tokens), bool), np.zeros((b,), np.int32))
+    anchor = Anchors(np.full((b, num_anchors, anchor_tokens), pad, np.int32),
+                     np.zeros((b, num_anchors), np.int32), np.zeros((b, num_anchors), bool))
+
+    def fit(ids, limit, what, row):
+        if len(ids) > limit:
+            raise ValueError(f"row {row}: {what} has {len(ids)} tokens, the budget is {limit}")
+        if not ids:
+            raise ValueError(f"row {row}: {what} is empty")
+        return ids
+
+    for i, text in enumerate(questions):
+        ids = fit(tokenizer(text, add_special_tokens=False)["input_ids"], prompt_tokens,
+                  "prompt", i)
+        question.tokens[i, :len(ids)] = ids
+        question.lengths[i] = len(ids)
+        chat = tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                             add_generation_prompt=True, tokenize=False)
+        ids = fit(tokenizer(chat, add_special_tokens=False)["input_ids"], policy_tokens,
+                  "chat-formatted prompt", i)
+        policy.tokens[i, policy_tokens - len(ids):] = ids
+        policy.mask[i, policy_tokens - len(ids):] = True
+        policy.lengths[i] = len(ids)
+        if len(anchors[i]) > num_anchors:
+            raise ValueError(f"row {i}: {len(anchors[i])} anchor answers, at most {num_anchors}")
+        for j, answer in enumerate(anchors[i]):
+            ids = fit(tokenizer(answer, add_special_tokens=False)["input_ids"], anchor_tokens,
+                      f"anchor answer {j}", i)
+            anchor.tokens[i, j, :len(ids)] = ids
+            anchor.lengths[i, j] = len(ids)
+            anchor.mask[i, j] = True
+    return RoundBatch(question, policy, anchor)
+
+
+# ------------------------------------------------------------------------------ shapes
+class RoundDims(NamedTuple):
+    """The static lengths a round's shapes follow from, besides its `RoundConfig`: the batch's
+    array widths, the grammar's and the templates' constant lengths."""
+
+    batch: int  # B prompts
+    question: int  # Lq
+    policy_prompt: int  # Lp, the chat-formatted policy prompt (DynamicRubric)
+    anchors: int  # n anchor answers per prompt
+    anchor_len: int  # La
+    rubric: int  # the grammar's longest rubric (sampled rubric tokens)
+    items: int  # M item slots per rubric
+    item_tokens: int  # Li
+    generator_constant: int  # the generator template's constant tokens
+    verifier_head: int  # the verifier template's constant tokens before the response slot
+    readout_suffix: int  # the verifier's answer suffix after each item
+    induced_constant: int = 0  # GenRubric's induced-response template's constant tokens
+
+
+def round_dims(setup: RoundSetup, batch_shapes: Mapping[str, tuple[int, ...]]) -> RoundDims:
+    """The dims of `setup`'s round on a batch whose arrays have these shapes (`question`
+    `[B, Lq]`, `policy` `[B, Lp]`, `anchors` `[B, n, La]`)."""
+    batch, question = batch_shapes["question"]
+    _, anchors, anchor_len = batch_shapes["anchors"]
+    grammar = setup.grammar
+    return RoundDims(
+        batch=batch, question=question, policy_prompt=batch_shapes["policy"][1],
+        anchors=anchors, anchor_len=anchor_len, rubric=grammar.max_rubric_tokens,
+        items=grammar.max_items, item_tokens=grammar.max_item_tokens,
+        generator_constant=setup.generator_template.constant_length,
+        verifier_head=setup.verifier_template.head(2).constant_length,
+        readout_suffix=len(setup.readout.suffix),
+        induced_constant=(0 if setup.induced_template is None
+                          else setup.induced_template.constant_length))
+
+
+class Sampling(NamedTuple):
+    """A sampling stage: `samples` continuations of each of `prompts` prompts."""
+
+    role: Role
+    name: str
+    prompts: int
+    samples: int
+    prompt_len: int
+    new_tokens: int
+
+
+class Verification(NamedTuple):
+    """A verifier pass: per row a prefix of `prefix_len` tokens and `branches` item branches
+    of `branch_len` tokens (the tree forward of `rubric.verifier.verify`)."""
+
+    name: str
+    rows: int
+    prefix_len: int
+    branches: int
+    branch_len: int
+
+    @property
+    def length(self) -> int:
+        return self.prefix_len + self.branches * self.branch_len
+
+
+class Update(NamedTuple):
+    """A trained role's GRPO update over `rows` sampled sequences after their prompts."""
+
+    role: Role
+    rows: int
+    prompt_len: int
+    completion_len: int
+
+
+class Read(NamedTuple):
+    """What a stage reads from another role's mesh: per prompt, and replicated (bytes)."""
+
+    source: Role
+    what: str
+    bytes_per_prompt: int
+    bytes_replicated: int = 0
+
+
+class RoundShapes(NamedTuple):
+    """The stages of one round in the order they run, with their global shapes: the one
+    description FLOPs (`plan.flops`), memory plans and micro-batch checks read."""
+
+    sampling: tuple[Sampling, ...]
+    verification: tuple[Verification, ...]
+    updates: tuple[Update, ...]  # the roles this run trains, generator first
+    reads: Mapping[str, tuple[Read, ...]]  # stage key (`plan` names) -> inputs it reads
+
+
+def sample_row_bytes(length: int) -> int:
+    """One sample of `sampling.SampleResult`: int32 tokens, float32 log-probs and sampling
+    log-probs, an int32 length and a bool `finished`."""
+    return 12 * length + 5
+
+
+def parsed_row_bytes(dims: RoundDims) -> int:
+    """One rubric of `grammar.ParsedRubric`: int32 item tokens, lengths and weights, bool
+    validity per item, an int32 item per rubric token and a bool `complete`."""
+    m, li = dims.items, dims.item_tokens
+    return 4 * m * li + 9 * m + 4 * dims.rubric + 1
+
+
+def batch_row_bytes(dims: RoundDims) -> int:
+    """One row of `encode_batch`'s arrays: int32 tokens and lengths, bool masks."""
+    return (4 * (dims.question + 1) + 5 * dims.policy_prompt + 4
+            + dims.anchors * (4 * dims.anchor_len + 4 + 1))
+
+
+def question_row_bytes(dims: RoundDims) -> int:
+    """One row of a `Question`: int32 tokens and length."""
+    return 4 * (dims.question + 1)
+
+
+def anchor_row_bytes(dims: RoundDims) -> int:
+    """One row of `Anchors`: int32 tokens and lengths, a bool mask per answer."""
+    return dims.anchors * (4 * dims.anchor_len + 4 + 1)
+
+
+def config_dims(config: Any, method: Method,
+                templates: Mapping[str, tpl.TokenTemplate] | None = None) -> RoundDims:
+    """The dims of a training config's round (`ml_collections`): its data widths, the grammar
+    of `method`'s weights and, when given, the templates' constant lengths (else 0: enough for
+    checks that count rows)."""
+    d, r = config.data, config.rubric
+
+    def constant(name: str, head: int | None = None) -> int:
+        if templates is None or name not in templates:
+            return 0
+        template = templates[name] if head is None else templates[name].head(head)
+        return template.constant_length
+
+    return RoundDims(
+        batch=d.batch_size, question=d.prompt_tokens, policy_prompt=d.policy_tokens,
+        anchors=d.num_anchors, anchor_len=d.anchor_tokens,
+        rubric=grammar_lib.max_rubric_tokens(method.weights, r.max_items, r.max_item_tokens),
+        items=r.max_items, item_tokens=r.max_item_tokens,
+        generator_constant=constant("generator"), verifier_head=constant("verifier", 2),
+        readout_suffix=0 if templates is None else len(templates["verifier"].segments[-1]),
+        induced_constant=constant("induced"))
+
+
+def check_micro_batches(config: RoundConfig, shapes: RoundShapes,
+                        eval_prompts: int | None = None) -> None:
+    """Micro-batches split rows into equal static shapes: `update_micro_batches` must divide
+    every update's rows, `rollout_micro_batches` every rollout's prompts (the training batch's
+    and, when there is one, the held-out batch's `eval_prompts`)."""
+    checks = [("update_micro_batches", u.rows, f"the {u.role} update's rows")
+              for u in shapes.updates]
+    checks += [("rollout_micro_batches", s.prompts, f"the {s.role}'s rollout prompts")
+               for s in shapes.sampling]
+    if eval_prompts is not None:
+        checks.append(("rollout_micro_batches", eval_prompts,
+                       "the held-out prompts (data.eval_batch_size)"))
+    for key, rows, what in checks:
+        count = getattr(config, key)
+        if rows % count:
+            raise ValueError(f"config.round.{key}={count} must divide {what}, {rows}")
+
+
+def verifier_messages(style: str) -> tuple[list[dict[str, str]], tuple[str, ...]]:
+    """The verifier template as messages with slot markers, and its slots (both methods')."""
+    mark = tpl.slot_marker
+    return (tpl.verifier_messages(mark("prompt"), mark("response"), mark("criterion"),
+                                  style=style), ("prompt", "response", "criterion"))
+
+
+def trained_updates(cfg: RoundConfig, rows: Mapping[Role, tuple[int, int, int]]
+                    ) -> tuple[Update, ...]:
+    """The `Update`s of the roles this run trains, generator first, from `role -> (rows,
+    prompt_len, completion_len)`."""
+    return tuple(Update(role, *rows[role]) for role in TRAINED if not cfg.frozen(role))
+
+
+# ------------------------------------------------------------------------------ methods
+class Method(abc.ABC):
+    """A co-evolution method: everything that differs between DynamicRubric and GenRubric.
+
+    The registry (`jaxrubric.methods`) maps `config.method` to one instance; training, FLOPs,
+    plans and the toy world ask it, and nothing else reads `config.method`.
+    """
+
+    name: ClassVar[str]
+    weights: ClassVar[tuple[int, ...]]  # the rubric grammar's item weights
+    evaluates: ClassVar[bool]  # whether the method has a held-out evaluation
+
+    def check_config(self, config: Any) -> None:
+        """The method's own checks of a training config (`ml_collections`), before any model
+        loads; raises ValueError naming the key. Default: none."""
+
+    def check_round(self, config: RoundConfig,
+                    oracle_reward: Callable[..., jax.Array] | None) -> None:
+        """The method's checks of a round config (and of the oracle it is given), when its
+        setup is built; raises ValueError. Default: none."""
+
+    def build_setup(self, config: RoundConfig, tokenizer: Any, models: Models, *,
+                    optimizers: Optimizers, max_items: int, max_item_tokens: int,
+                    chat_template_kwargs: Mapping[str, Any] | None = None,
+                    template_style: str = "full",
+                    oracle_reward: Callable[..., jax.Array] | None = None) -> RoundSetup:
+        """Templates, the grammar of the method's weights and answer ids from the shared
+        tokenizer; graphs from the models."""
+        self.check_round(config, oracle_reward)
+        templates = self.templates(config, tokenizer, max_items=max_items,
+                                   chat_template_kwargs=chat_template_kwargs,
+                                   style=template_style)
+        return RoundSetup(
+            generator_template=templates["generator"],
+            grammar=grammar_lib.build_rubric_grammar(
+                tokenizer, weights=self.weights, max_items=max_items,
+                max_item_tokens=max_item_tokens),
+            induced_template=templates.get("induced"), oracle_reward=oracle_reward,
+            **setup_fields(config, tokenizer, models, optimizers, chat_template_kwargs,
+                           template_style))
+
+    @abc.abstractmethod
+    def round(self, setup: RoundSetup, state: RoundState, frozen: Frozen, batch: RoundBatch,
+              rng: jax.Array, run: placement.Placement | None = None
+              ) -> tuple[RoundState, RoundResult]:
+        """One round (pure; `make_round_step` jits it)."""
+
+    def evaluate(self, setup: RoundSetup, state: RoundState, frozen: Frozen,
+                 batch: RoundBatch, rng: jax.Array, run: placement.Placement | None = None
+                 ) -> dict[str, jax.Array]:
+        """Held-out metrics of the current models, no update."""
+        raise NotImplementedError(f"{self.name} has no held-out evaluation")
+
+    @abc.abstractmethod
+    def templates(self, config: RoundConfig, tokenizer: Any, *, max_items: int,
+                  chat_template_kwargs: Mapping[str, Any] | None = None,
+                  style: str = "full") -> dict[str, tpl.TokenTemplate]:
+        """The round's templates by name (`generator`, `verifier`, and `induced` where the
+        method has one), tokenised as its setup builds them."""
+
+    @abc.abstractmethod
+    def template_messages(self, config: RoundConfig, *, max_items: int, style: str = "full"
+                          ) -> dict[str, tuple[list[dict[str, str]], tuple[str, ...]]]:
+        """The same templates as chat messages with slot markers, and their slots in order:
+        for estimating their lengths without a tokenizer (`jaxrubric plan`)."""
+
+    @abc.abstractmethod
+    def round_shapes(self, config: RoundConfig, dims: RoundDims) -> RoundShapes:
+        """Every stage of the round with its global shapes, in the order the round runs."""

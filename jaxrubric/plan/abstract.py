@@ -1,0 +1,176 @@
+"""The round's inputs without any weights: abstract state, frozen weights, batch and rng key
+with the shardings training gives them, on any devices (this machine's, or a TPU slice that
+does not exist, `plan.topology`), so that `plan.compile` lowers the real round for them.
+
+What `train.CoevolveTask` builds, built from shapes: each role's `Decoder` by `nnx.eval_shape`
+(the model config `plan.models.role_model_config` gives, as `train._role_model` loads it),
+its parameters placed by the sharding rules, the optimiser state `optax` would make for them,
+the references in the dtype `train.reference_params` keeps, the batch as `encode_batch` lays
+it out. The setup (templates, grammar, readout) needs a tokenizer: the recipe's own when it
+can be read offline; else a stand-in, the tiny tokenizer the repository ships, whose
+templates are replaced by the plan's estimates (`plan.shapes`), so that the compiled shapes
+are the ones the plan counts. Token ids are then placeholders: only shapes reach the compiler.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jaxrubric import placement
+from jaxrubric import sharding as shd
+from jaxrubric.config import round_config
+from jaxrubric.methods import core, get_method
+from jaxrubric.models.config import ModelConfig
+from jaxrubric.models.hf import load_tokenizer
+from jaxrubric.models.transformer import Decoder
+from jaxrubric.plan.errors import PlanError
+from jaxrubric.plan.models import load_tokenizer_offline, role_model_config, tokenizer_source
+from jaxrubric.plan.shapes import round_templates
+from jaxrubric.roles import ROLES, TRAINED, Role
+from jaxrubric.rubric import verifier as ver
+from jaxrubric.train import make_optimizer
+
+# The tiny tokenizer the tiny configs use (configs/assets/README.md), a stand-in for a recipe's
+# tokenizer that cannot be read offline.
+STANDIN_TOKENIZER = Path(__file__).resolve().parents[2] / "configs" / "assets" / "tiny_tokenizer"
+
+
+class AbstractRound(NamedTuple):
+    """Everything `core.round_program` (or a stage program) is lowered with."""
+
+    method: core.Method
+    setup: core.RoundSetup
+    meshes: dict[Role, Mesh]
+    state: core.RoundState
+    frozen: core.Frozen
+    batch: core.RoundBatch
+    rng: jax.ShapeDtypeStruct
+    configs: dict[Role, ModelConfig]  # each role's model config (a setup holds graphs only)
+    tokenizer_note: str  # empty when the recipe's own tokenizer built the setup
+
+
+def _sds(shape: Sequence[int], dtype: Any, sharding: NamedSharding) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype), sharding=sharding)
+
+
+def role_meshes_on(config: ml_collections.ConfigDict, devices: Sequence[jax.Device]
+                   ) -> dict[Role, Mesh]:
+    """The meshes `train.CoevolveTask` builds, over `devices` instead of `jax.devices()`."""
+    try:
+        if any(config.submeshes.values()):
+            return placement.make_submeshes(dict(config.submeshes), devices)
+        return dict.fromkeys(ROLES, shd.make_mesh(dict(config.mesh), devices))
+    except ValueError as err:
+        raise PlanError(str(err)) from err
+
+
+def abstract_model(role: ml_collections.ConfigDict, tokenizer: Any, mesh: Mesh, source: str
+                   ) -> tuple[Decoder, nnx.State]:
+    """A role's `Decoder` as shapes (`nnx.eval_shape`) and its parameters as
+    `ShapeDtypeStruct`s placed by the training rules (`sharding.state_shardings`)."""
+    model_config, _ = role_model_config(role, tokenizer, mesh, source)
+    model = nnx.eval_shape(lambda: Decoder(model_config, rngs=nnx.Rngs(0)))
+    params = nnx.state(model, nnx.Param)
+    placed = shd.state_shardings(params, mesh)
+    return model, jax.tree.map(lambda v, s: _sds(v.shape, v.dtype, s), params, placed)
+
+
+def optimizer_state(optimizer: Any, params: nnx.State, mesh: Mesh) -> Any:
+    """The optimiser state `core.init_state` makes for `params`, as shapes: AdamW's moments
+    (trees like the parameters') take their parameters' shardings, the counts are replicated
+    on the role's mesh."""
+    tree = jax.tree.structure(params)
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def place(x: Any) -> Any:
+        if jax.tree.structure(x) == tree:
+            return jax.tree.map(lambda a, p: _sds(a.shape, a.dtype, p.sharding), x, params)
+        return _sds(x.shape, x.dtype, replicated)
+
+    return jax.tree.map(place, jax.eval_shape(optimizer.init, params),
+                        is_leaf=lambda x: jax.tree.structure(x) == tree)
+
+
+def reference(params: nnx.State, compute_dtype: Any) -> nnx.State:
+    """`train.reference_params` as shapes: the compute dtype when it is narrower."""
+    compute = jnp.dtype(compute_dtype)
+    return jax.tree.map(lambda x: _sds(x.shape, compute if compute.itemsize < x.dtype.itemsize
+                                       else x.dtype, x.sharding), params)
+
+
+def abstract_batch(config: ml_collections.ConfigDict, tokenizer: Any, mesh: Mesh
+                   ) -> core.RoundBatch:
+    """`CoevolveTask.batch`'s arrays as shapes: `encode_batch`'s layout (read from an empty
+    batch) at the config's batch size, split over the mesh's batch axes."""
+    d = config.data
+    empty = core.encode_batch(tokenizer, [], [], prompt_tokens=d.prompt_tokens,
+                              policy_tokens=d.policy_tokens, anchor_tokens=d.anchor_tokens,
+                              num_anchors=d.num_anchors)
+    return jax.tree.map(lambda x: _sds((d.batch_size, *x.shape[1:]), x.dtype,
+                                       shd.batch_sharding(mesh, x.ndim)), empty)
+
+
+def _tokenizer(config: ml_collections.ConfigDict) -> tuple[Any, str]:
+    """The recipe's tokenizer read offline, else the stand-in and a note saying so."""
+    source = tokenizer_source(config)
+    tokenizer = load_tokenizer_offline(source)
+    if tokenizer is not None:
+        return tokenizer, ""
+    if not STANDIN_TOKENIZER.is_dir():
+        raise PlanError(f"tokenizer {source!r} is not available offline and the stand-in "
+                        f"{STANDIN_TOKENIZER} is missing: pass --config.tokenizer=FOLDER")
+    return load_tokenizer(STANDIN_TOKENIZER), (
+        f"tokenizer {source!r} is not available offline: templates of the estimated lengths "
+        "(placeholder ids), grammar and verifier answer ids from the repository's tiny "
+        "tokenizer; only shapes reach the compiler")
+
+
+def abstract_round(config: ml_collections.ConfigDict, devices: Sequence[jax.Device]
+                   ) -> AbstractRound:
+    """The round of `config` on `devices`, as `train.CoevolveTask` would build it, in shapes."""
+    if config.oracle:
+        raise PlanError(f"config.oracle={config.oracle!r} needs its reward function: compile "
+                        "a config without an oracle")
+    method = get_method(config.method)
+    meshes = role_meshes_on(config, devices)
+    tokenizer, note = _tokenizer(config)
+    source = tokenizer_source(config)
+    models, params = {}, {}
+    for role in ROLES:
+        models[role], params[role] = abstract_model(config[role], tokenizer, meshes[role], source)
+    rc = round_config(config)
+    setup = method.build_setup(
+        rc, tokenizer, models, optimizers={r: make_optimizer(config, r) for r in TRAINED},
+        max_items=config.rubric.max_items, max_item_tokens=config.rubric.max_item_tokens,
+        chat_template_kwargs=dict(config.chat_template_kwargs) or None,
+        template_style=config.rubric.template_style)
+    if note:
+        estimated = round_templates(config, method, None)
+        setup = dataclasses.replace(
+            setup, generator_template=estimated["generator"],
+            verifier_template=estimated["verifier"],
+            readout=ver.verifier_readout(tokenizer, estimated["verifier"]),
+            induced_template=estimated.get("induced", setup.induced_template))
+    roles = {r: core.RoleState(params[r], optimizer_state(setup.roles[r].optimizer, params[r],
+                                                          meshes[r])) for r in TRAINED}
+    policy_mesh = meshes[Role.POLICY]
+    replicated = NamedSharding(policy_mesh, PartitionSpec())
+    state = core.RoundState(roles[Role.POLICY], roles[Role.GENERATOR],
+                            _sds((), jnp.int32, replicated))
+    refs = {r: reference(params[r], config[r].dtype) if rc.needs_reference(r) else None
+            for r in TRAINED}
+    frozen = core.Frozen(verifier=params[Role.VERIFIER], policy_ref=refs[Role.POLICY],
+                         generator_ref=refs[Role.GENERATOR])
+    rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated)
+    return AbstractRound(method, setup, meshes, state, frozen,
+                         abstract_batch(config, tokenizer, policy_mesh), rng,
+                         {r: m.config for r, m in models.items()}, note)

@@ -1,0 +1,58 @@
+"""The round's shapes from a config alone: the method's templates, tokenised when the tokenizer
+can be read offline, else estimated from their text, then `methods.core.config_dims` and the
+method's own `round_shapes`, as training builds them.
+
+An estimate counts `CHARS_PER_TOKEN` characters per token plus the chat template's turn
+markers; the plan says when it estimated. Those templates are a few hundred tokens next to
+prompts and responses of thousands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import ml_collections
+
+from jaxrubric.config import round_config
+from jaxrubric.methods import core
+from jaxrubric.rubric import templates as tpl
+
+CHARS_PER_TOKEN = 4  # English prose under a 128k-150k BPE vocabulary: about 4 characters
+CHAT_HEAD_TOKENS = 32  # chat-template tokens before the user text (Llama 3.1 adds a system turn)
+CHAT_TAIL_TOKENS = 16  # end of turn + assistant header (+ Qwen3's empty think block)
+
+
+def estimated_template(messages: list[dict[str, str]], slots: Sequence[str]
+                       ) -> tpl.TokenTemplate:
+    """A `TokenTemplate` whose constant segments have the estimated token counts of the
+    plainly rendered text plus chat formatting (their ids are placeholders)."""
+    text = tpl.render_chat(None, messages)
+    pieces = []
+    for slot in slots:
+        head, text = text.split(tpl.slot_marker(slot), 1)
+        pieces.append(head)
+    pieces.append(text)
+    counts = [-(-len(p) // CHARS_PER_TOKEN) for p in pieces]
+    counts[0] += CHAT_HEAD_TOKENS
+    counts[-1] += CHAT_TAIL_TOKENS
+    return tpl.TokenTemplate(tuple(slots), tuple((0,) * n for n in counts), tuple(pieces))
+
+
+def round_templates(config: ml_collections.ConfigDict, method: core.Method, tokenizer: Any
+                    ) -> dict[str, tpl.TokenTemplate]:
+    """The method's templates (`Method.templates`) with the real tokenizer when there is one,
+    else estimated from their messages (`Method.template_messages`)."""
+    rc, m, style = round_config(config), config.rubric.max_items, config.rubric.template_style
+    if tokenizer is not None:
+        return method.templates(rc, tokenizer, max_items=m, style=style,
+                                chat_template_kwargs=dict(config.chat_template_kwargs) or None)
+    return {name: estimated_template(messages, slots) for name, (messages, slots)
+            in method.template_messages(rc, max_items=m, style=style).items()}
+
+
+def round_shapes(config: ml_collections.ConfigDict, method: core.Method, tokenizer: Any
+                 ) -> tuple[core.RoundDims, core.RoundShapes]:
+    """The round's dims and its stages' global shapes (`Method.round_shapes`)."""
+    dims = core.config_dims(config, method, round_templates(config, method, tokenizer))
+    return dims, method.round_shapes(round_config(config), dims)
