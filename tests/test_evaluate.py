@@ -14,6 +14,7 @@ from tokenizer_fixtures import byte_level_bpe, healthbench_rows
 
 import jaxrubric
 from jaxrubric.eval import evaluate as ev
+from jaxrubric.rubric.grammar import SIGNED_WEIGHTS
 
 # Row 2 has no completions; rows 8 and 12 have the ideal and 4 references, row 18 the ideal
 # only. Their rubrics have 6, 9 and 3 criteria.
@@ -31,17 +32,15 @@ def _datasets_cache(tmp_path_factory):
         yield
 
 
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    """Generator and verifier folders (different tokenizers) and the data file.
+def checkpoints(root, verifier_seed=2):
+    """Generator and verifier folders under ``root`` (different tokenizers).
 
     The verifier's weights are scaled up: at init scale the answer position barely sees the
     context, every p_yes sits near n_yes / (n_yes + n_no) and every verdict is the same.
     """
-    root = tmp_path_factory.mktemp("evaluate")
     folders = {}
     for name, tok, seed, scale in (("generator", byte_level_bpe(use_regex=False), 1, (1, 1)),
-                                   ("verifier", byte_level_bpe(), 2, (10, 5))):
+                                   ("verifier", byte_level_bpe(), verifier_seed, (10, 5))):
         cfg = jaxrubric.tiny_config("qwen3", vocab_size=len(tok),
                                     eos_token_ids=(tok.eos_token_id,))
         model = jaxrubric.init_model(cfg, seed=seed)
@@ -52,6 +51,14 @@ def setup(tmp_path_factory):
         folders[name] = root / name
         jaxrubric.save_pretrained(model, folders[name])
         tok.save_pretrained(str(folders[name]))
+    return folders
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """The checkpoints and the data files."""
+    root = tmp_path_factory.mktemp("evaluate")
+    folders = checkpoints(root)
     rows = [healthbench_rows()[i] for i in ROWS]
     data = root / "healthbench.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
@@ -139,7 +146,7 @@ def test_generated_run_writes_consistent_outputs(setup, generated_run):
         assert {"text", "complete", "finished", "num_tokens"} <= row.keys()
         assert len(row["items"]) <= 3
         for item in row["items"]:
-            assert item["weight"] in ev.GENERATED_WEIGHTS and item["criterion"]
+            assert item["weight"] in SIGNED_WEIGHTS and item["criterion"]
         lines = [line.split(" ", 1) for line in row["text"].split("\n")[:len(row["items"])]]
         assert [(i["weight"], i["criterion"]) for i in row["items"]] == [
             (int(w.strip("[]")), " ".join(c.split())) for w, c in lines]
@@ -152,14 +159,14 @@ def test_generated_run_writes_consistent_outputs(setup, generated_run):
     assert set(metrics["agreement"]) == {"spearman", "kendall_tau_b", "top1_consistency",
                                          "pairwise_accuracy"}
     assert metrics["agreement_queries"]["single_response"] == 1
-    assert set(metrics["scores"]) == set(metrics["delta_gap"]) == {"generated", "expert"}
+    assert set(metrics["scores"]) == set(metrics["reference_delta_gap"]) == {"generated", "expert"}
     # Δgap: the ideal completion against each reference, averaged per query, then over queries.
     expert = collections.defaultdict(dict)
     for s in run["scores"]:
         expert[s["id"]][s["response"]] = s["scores"]["expert"]
     gaps = [np.mean([v[0] - v[k] for k in range(1, len(v))]) for v in expert.values() if len(v) > 1]
-    assert metrics["delta_gap"]["expert"]["mean"] == pytest.approx(np.mean(gaps), abs=1e-6)
-    assert metrics["delta_gap"]["expert"]["n"] == 2
+    assert metrics["reference_delta_gap"]["expert"]["mean"] == pytest.approx(np.mean(gaps), abs=1e-6)
+    assert metrics["reference_delta_gap"]["expert"]["n"] == 2
     assert "agreement, generated vs expert" in run["printed"]
 
 

@@ -1,6 +1,14 @@
 """Data sets: record types, row validation and loaders (via `datasets`)."""
 
 from jaxrubric.data.loaders import Loaded, load_anchors, load_healthbench, load_prompts, read_rows
+from jaxrubric.data.preference import (
+    FORMATS,
+    Candidate,
+    CandidateSet,
+    LoadedSets,
+    detect_format,
+    load_candidate_sets,
+)
 from jaxrubric.data.schemas import (
     AnchorRecord,
     Answer,
@@ -13,7 +21,8 @@ from jaxrubric.data.schemas import (
 )
 
 __all__ = [
-    "AnchorRecord", "Answer", "DataError", "ExpertItem", "HealthBenchRecord", "Loaded",
-    "Messages", "PromptRecord", "load_anchors", "load_healthbench", "load_prompts",
-    "prompt_text", "read_rows",
+    "FORMATS", "AnchorRecord", "Answer", "Candidate", "CandidateSet", "DataError", "ExpertItem",
+    "HealthBenchRecord", "Loaded", "LoadedSets", "Messages", "PromptRecord", "detect_format",
+    "load_anchors", "load_candidate_sets", "load_healthbench", "load_prompts", "prompt_text",
+    "read_rows",
 ]

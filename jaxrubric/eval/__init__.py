@@ -1,1 +1,2 @@
-"""Evaluation: rubric-agreement and reward-benchmark metrics."""
+"""Evaluation: the `jaxrubric evaluate` methods (GenRubric on HealthBench rows, DynamicRubric
+on preference data), the machinery they share, and the agreement and preference metrics."""
