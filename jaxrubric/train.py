@@ -190,7 +190,8 @@ class CoevolveTask:
             self.tokenizer, [prompt_text(r.messages) for r in rows],
             [[a.text for a in r.answers[:cfg.num_anchors]] for r in rows],
             prompt_tokens=cfg.prompt_tokens, policy_tokens=cfg.policy_tokens,
-            anchor_tokens=cfg.anchor_tokens, num_anchors=cfg.num_anchors)
+            anchor_tokens=cfg.anchor_tokens, num_anchors=cfg.num_anchors,
+            anchor_ranks=[[a.rank for a in r.answers[:cfg.num_anchors]] for r in rows])
         return shd.global_batch(self.mesh, host, local, len(records))
 
     def text_samples(self, state: core.RoundState, batch: core.RoundBatch,

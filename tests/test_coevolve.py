@@ -83,15 +83,38 @@ def test_evaluation_gaps_the_listed_anchor_pairs_under_the_valid_groups():
     mask = jnp.asarray([[True, True, True, False], [True, True, False, False]])
     judged = dynamic_rubric.Judged(*[None] * len(dynamic_rubric.Judged._fields))._replace(
         anchor_scores=anchor_scores, group_valid=group_valid, scores=scores)
-    anchors = dynamic_rubric.Anchors(None, None, mask)
+    strict = jnp.asarray([[1, 2, 3, 4], [1, 2, 3, 4]])
+    anchors = dynamic_rubric.Anchors(None, None, mask, strict)
     metrics = jax.device_get(dynamic_rubric.evaluation_stage(None, anchors, judged))
     # Row 0 (group 0 only): 0.9, 0.5, 0.2 -> gaps 0.4, 0.7, 0.3; row 1: 0.45, 0.4 -> 0.05.
     assert metrics["anchor_delta_gap"] == pytest.approx((0.4 + 0.7 + 0.3 + 0.05) / 4)
+    assert metrics["anchor_pair_accuracy"] == 1.0
     assert metrics["policy_score"] == pytest.approx((0.2 + 0.4 + 0.5 + 0.5) / 4)
     assert metrics["rubric_valid_rate"] == pytest.approx(0.75)
-    assert "quality" not in metrics
-    judged = judged._replace(oracle_reward=jnp.asarray([[1.0, 0.0], [0.5, 0.5]]))
-    assert float(dynamic_rubric.evaluation_stage(None, anchors, judged)["quality"]) == 0.5
+    assert "quality" not in metrics and "delta_gap" not in metrics
+    # Tied reference ranks make no pair: row 0 ranked [1, 2, 2] keeps 0.9-0.5 and 0.9-0.2.
+    tied = dynamic_rubric.Anchors(None, None, mask, jnp.asarray([[1, 2, 2, 4], [1, 2, 3, 4]]))
+    metrics = jax.device_get(dynamic_rubric.evaluation_stage(None, tied, judged))
+    assert metrics["anchor_delta_gap"] == pytest.approx((0.4 + 0.7 + 0.05) / 3)
+
+
+def test_evaluation_gaps_the_policys_own_answers_ordered_by_the_ground_truth():
+    """The paper's Δgap: the evaluator's score of the better minus the worse of each pair of
+    the policy's own answers, pairs ordered by the oracle; and the share ordered right."""
+    judged = dynamic_rubric.Judged(*[None] * len(dynamic_rubric.Judged._fields))._replace(
+        anchor_scores=jnp.zeros((2, 1, 1)), group_valid=jnp.ones((2, 1), bool),
+        scores=jnp.zeros((2, 3, 1)),
+        oracle_reward=jnp.asarray([[1.0, 0.5, 0.5], [0.2, 0.0, 0.9]]),
+        rubric_reward=jnp.asarray([[0.8, 0.3, 0.9], [0.5, 0.5, 0.7]]))
+    anchors = dynamic_rubric.Anchors(None, None, jnp.ones((2, 1), bool), jnp.ones((2, 1)))
+    metrics = jax.device_get(dynamic_rubric.evaluation_stage(None, anchors, judged))
+    # Row 0: (0>1) 0.5, (0>2) -0.1 (wrong); the tie 1~2 makes no pair. Row 1: (0>1) 0.0 (a
+    # tie in score: half right), (2>0) 0.2, (2>1) 0.2.
+    assert metrics["delta_gap"] == pytest.approx((0.5 - 0.1 + 0.0 + 0.2 + 0.2) / 5)
+    assert metrics["pair_accuracy"] == pytest.approx((1 + 0 + 0.5 + 1 + 1) / 5)
+    per_question = np.asarray([2 / 3, 1.1 / 3])
+    assert metrics["quality"] == pytest.approx(per_question.mean())
+    assert metrics["quality_se"] == pytest.approx(per_question.std() / np.sqrt(2))
 
 
 @pytest.mark.parametrize("dtype, param_dtype, stored", [

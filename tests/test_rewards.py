@@ -21,6 +21,8 @@ discriminability = jax.jit(dr.discriminability, static_argnames="mode")
 genrubric_rewards = jax.jit(gr.genrubric_rewards, static_argnames=("spread", "soft_items"))
 item_nonredundant = jax.jit(gr.item_nonredundant, static_argnames="soft")
 item_discriminative = jax.jit(gr.item_discriminative, static_argnames="soft")
+generator_advantages = jax.jit(dr.generator_advantages, static_argnames=("combine", "mode"))
+preference_pairs = dr.preference_pairs
 
 
 def log_sigmoid(x):
@@ -336,3 +338,75 @@ def test_genrubric_leading_batch_dims_and_jit():
         mask_i = iv[i] & np.asarray(gr.group_validity(w[i], iv[i]))[:, None]
         want_tok = gr.genrubric_token_advantages(s_i, it_i, mask_i, idx[i])
         np.testing.assert_allclose(tok[i], want_tok, atol=1e-5)
+
+
+def _z(x):
+    return (x - x.mean(-1, keepdims=True)) / (x.std(-1, keepdims=True) + 1e-6)
+
+
+def _rank_last(x, valid):
+    low = np.where(valid, x, np.inf).min(-1, keepdims=True)
+    return np.where(valid.any(-1, keepdims=True), np.where(valid, x, low - 1.0), 0.0)
+
+
+@pytest.mark.parametrize("combine", ["advantage", "reward"])
+def test_generator_advantages_match_numpy(combine):
+    """`advantage` (the paper's): adv(J_disc) + λ adv(J_anchor), each over the prompt's G
+    rubrics; `reward`: adv(J_disc + λ J_anchor). Invalid rubrics ranked last first."""
+    rng = np.random.default_rng(3)
+    disc = rng.uniform(0, 0.25, (5, 6)).astype(np.float32)
+    anchor = rng.uniform(-1.3, -0.3, (5, 6)).astype(np.float32)
+    valid = rng.uniform(size=(5, 6)) < 0.8
+    valid[0] = False  # a prompt with no valid rubric: no signal
+    got = generator_advantages(disc, anchor, valid, lam=0.7, combine=combine)
+    if combine == "advantage":
+        want = _z(_rank_last(disc, valid)) + 0.7 * _z(_rank_last(anchor, valid))
+    else:
+        want = _z(_rank_last(disc + 0.7 * anchor, valid))
+    np.testing.assert_allclose(got, want, atol=1e-4)
+    np.testing.assert_allclose(got[0], 0.0, atol=1e-6)
+
+
+def test_the_advantage_level_combination_weighs_both_rewards_whatever_their_spread():
+    """The anchor reward's spread is larger than J_disc's: summed as rewards, the anchor term
+    alone picks the best rubric; normalised first, the best discriminator can win."""
+    disc = np.array([[0.25, 0.0, 0.0]], np.float32)
+    anchor = np.array([[-0.9, -0.5, -1.0]], np.float32)
+    valid = np.ones((1, 3), bool)
+    by_reward = np.asarray(generator_advantages(disc, anchor, valid, combine="reward"))
+    by_advantage = np.asarray(generator_advantages(disc, anchor, valid, combine="advantage"))
+    assert by_reward.argmax() == 1 and by_advantage.argmax() == 0
+
+
+@pytest.mark.parametrize("combine", ["advantage", "reward"])
+def test_an_invalid_rubric_ends_below_a_valid_one_that_reverses_the_anchors(combine):
+    """A valid rubric that orders the anchors backwards scores J_anchor ~ -1.06, below the -1
+    an invalid rubric used to get: ranked last, the invalid one is still the lowest."""
+    reversed_anchor = float(anchor_ranking(jnp.array([0.0, 0.5, 1.0])))
+    assert reversed_anchor < -1.0
+    disc = np.array([[0.0, 0.1, 0.0]], np.float32)
+    anchor = np.array([[reversed_anchor, -0.5, 0.0]], np.float32)
+    valid = np.array([[True, True, False]])
+    adv = np.asarray(generator_advantages(disc, anchor, valid, combine=combine))
+    assert adv[0, 2] < adv[0, :2].min()
+
+
+def test_tied_reference_ranks_make_no_pair():
+    """Ranked [1, 2, 2]: only the first answer is preferred; a rubric that invents an order
+    between the two tied ones earns nothing for it."""
+    ranks = jnp.array([1, 2, 2])
+    one_way = anchor_ranking(jnp.array([1.0, 0.6, 0.2]), ranks=ranks)
+    other_way = anchor_ranking(jnp.array([1.0, 0.2, 0.6]), ranks=ranks)
+    assert float(one_way) == pytest.approx(float(other_way))
+    pairs = [(0, 1, 1.0), (0, 2, 1.0)]  # (i, j, omega): both from rank 1, rank gap 1
+    s = np.array([1.0, 0.6, 0.2])
+    want = sum(w * np.log(1 / (1 + np.exp(-(s[i] - s[j])))) for i, j, w in pairs) / 2
+    assert float(one_way) == pytest.approx(want, rel=1e-5)
+    # A strictly ordered list gives what the list order gives.
+    scores = jnp.array([0.3, 0.9, 0.1, 0.5])
+    assert float(anchor_ranking(scores, ranks=jnp.array([1, 2, 3, 4]))) == pytest.approx(
+        float(anchor_ranking(scores)))
+    np.testing.assert_array_equal(
+        preference_pairs(ranks, jnp.ones(3, bool)),
+        [[False, True, True], [False, False, False], [False, False, False]])
+

@@ -24,7 +24,8 @@ import pytest
 from jaxrubric.toy import world
 
 SHORT = world.ToyWorldConfig(runs=("coevolve",), rounds=20, generator_rounds=10, eval_every=10,
-                             verifier_steps=250, policy_steps=250, generator_steps=200)
+                             eval_batch_size=64, verifier_steps=250, policy_steps=250,
+                             generator_steps=200)
 NOTEBOOK = Path(__file__).parent.parent / "colab" / "quickstart.ipynb"
 
 

@@ -31,7 +31,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxrubric import microbatch, placement, sampling
 from jaxrubric.models.transformer import Decoder
-from jaxrubric.rewards.dynamic_rubric import DISC_MODES
+from jaxrubric.rewards.dynamic_rubric import DISC_MODES, GENERATOR_COMBINES
 from jaxrubric.rl import grpo
 from jaxrubric.roles import TRAINED, Role
 from jaxrubric.rubric import grammar as grammar_lib
@@ -71,7 +71,10 @@ class RoundConfig:
     anchor_weight: float = 1.0  # lambda
     disc_mode: str = "item_variance"
     soft_verdicts: bool = False  # rewards from p_yes instead of 0/1 verdicts
-    invalid_rubric_reward: float = -1.0
+    # How DynamicRubric's two generator rewards combine: "advantage" (the paper's: each reward
+    # normalised over the prompt's G rubrics, then adv(disc) + anchor_weight adv(anchor)), or
+    # "reward" (one advantage of disc + anchor_weight anchor). Invalid rubrics rank last in both.
+    generator_combine: str = "advantage"
     # GenRubric's reward coefficients (`rewards.genrubric.genrubric_rewards`): sequence reward
     # = comprehensiveness + group discrimination; item reward = discriminative +
     # non-redundant. The paper's ablation keeps comprehensiveness alone.
@@ -124,6 +127,7 @@ OPTIONS: dict[str, Any] = {
     "aggregation": grpo.LOSS_AGGREGATIONS,
     "advantage_mode": grpo.ADVANTAGE_MODES,
     "disc_mode": DISC_MODES,
+    "generator_combine": GENERATOR_COMBINES,
     "policy_score": ("mean", "best_group"),
     "rubric_source": ("dynamic", "static"),
     "policy_reward": ("rubric", "oracle"),
@@ -147,11 +151,13 @@ class PolicyPrompt(NamedTuple):
 
 
 class Anchors(NamedTuple):
-    """Reference answers ranked best-first (DynamicRubric's anchor reward and evaluation)."""
+    """Reference answers sorted best-first with their ranks (DynamicRubric's anchor reward and
+    evaluation); equal ranks tie and make no preference pair."""
 
     tokens: jax.Array  # [B, n, La] right-padded
     lengths: jax.Array  # [B, n]
     mask: jax.Array  # [B, n] listed answers
+    ranks: jax.Array  # [B, n] int32, 1 = best
 
 
 class RoundBatch(NamedTuple):
@@ -487,16 +493,18 @@ def make_submesh_round_step(setup: RoundSetup, frozen: Frozen, run: placement.Su
 # ------------------------------------------------------------------------------ batches
 def encode_batch(tokenizer: Any, questions: list[str], anchors: list[list[str]], *,
                  prompt_tokens: int, policy_tokens: int, anchor_tokens: int,
-                 num_anchors: int) -> RoundBatch:
-    """Host side: questions and best-first anchor answers -> the round's fixed-shape batch
-    (NumPy arrays). Anything longer than its budget is an error naming the row, never cut."""
+                 num_anchors: int, anchor_ranks: list[list[int]] | None = None) -> RoundBatch:
+    """Host side: questions and best-first anchor answers (with their reference ranks, ties
+    allowed; None: strictly ordered) -> the round's fixed-shape batch (NumPy arrays).
+    Anything longer than its budget is an error naming the row, never cut."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     b = len(questions)
     question = Question(np.full((b, prompt_tokens), pad, np.int32), np.zeros((b,), np.int32))
     policy = PolicyPrompt(np.full((b, policy_tokens), pad, np.int32),
                           np.zeros((b, policy_tokens), bool), np.zeros((b,), np.int32))
     anchor = Anchors(np.full((b, num_anchors, anchor_tokens), pad, np.int32),
-                     np.zeros((b, num_anchors), np.int32), np.zeros((b, num_anchors), bool))
+                     np.zeros((b, num_anchors), np.int32), np.zeros((b, num_anchors), bool),
+                     np.zeros((b, num_anchors), np.int32))
 
     def fit(ids, limit, what, row):
         if len(ids) > limit:
@@ -519,12 +527,17 @@ def encode_batch(tokenizer: Any, questions: list[str], anchors: list[list[str]],
         policy.lengths[i] = len(ids)
         if len(anchors[i]) > num_anchors:
             raise ValueError(f"row {i}: {len(anchors[i])} anchor answers, at most {num_anchors}")
+        ranks = list(range(1, len(anchors[i]) + 1)) if anchor_ranks is None else anchor_ranks[i]
+        if list(ranks) != sorted(ranks) or len(ranks) != len(anchors[i]):
+            raise ValueError(f"row {i}: anchor ranks {list(ranks)} must be one per answer, "
+                             "best-first (sorted)")
         for j, answer in enumerate(anchors[i]):
             ids = fit(tokenizer(answer, add_special_tokens=False)["input_ids"], anchor_tokens,
                       f"anchor answer {j}", i)
             anchor.tokens[i, j, :len(ids)] = ids
             anchor.lengths[i, j] = len(ids)
             anchor.mask[i, j] = True
+            anchor.ranks[i, j] = ranks[j]
     return RoundBatch(question, policy, anchor)
 
 
@@ -634,7 +647,7 @@ def parsed_row_bytes(dims: RoundDims) -> int:
 def batch_row_bytes(dims: RoundDims) -> int:
     """One row of `encode_batch`'s arrays: int32 tokens and lengths, bool masks."""
     return (4 * (dims.question + 1) + 5 * dims.policy_prompt + 4
-            + dims.anchors * (4 * dims.anchor_len + 4 + 1))
+            + anchor_row_bytes(dims))
 
 
 def question_row_bytes(dims: RoundDims) -> int:
@@ -643,8 +656,8 @@ def question_row_bytes(dims: RoundDims) -> int:
 
 
 def anchor_row_bytes(dims: RoundDims) -> int:
-    """One row of `Anchors`: int32 tokens and lengths, a bool mask per answer."""
-    return dims.anchors * (4 * dims.anchor_len + 4 + 1)
+    """One row of `Anchors`: int32 tokens, lengths and ranks, a bool mask per answer."""
+    return dims.anchors * (4 * dims.anchor_len + 4 + 1 + 4)
 
 
 def config_dims(config: Any, method: Method,

@@ -27,7 +27,8 @@ from jaxrubric.methods.core import (Anchors, Frozen, PolicyPrompt, Question, Rea
                                     RoundConfig, RoundDims, RoundResult, RoundSetup,
                                     RoundShapes, RoundState, Sampling, UpdateInputs,
                                     Verification)
-from jaxrubric.rewards.dynamic_rubric import dynamic_rubric_rewards
+from jaxrubric.rewards.dynamic_rubric import (dynamic_rubric_rewards, generator_advantages,
+                                              preference_pairs)
 from jaxrubric.rl import grpo
 from jaxrubric.roles import Role
 from jaxrubric.rubric import grammar as grammar_lib
@@ -85,10 +86,11 @@ class Judged(NamedTuple):
     scores: jax.Array  # [B, K, G] rubric scores of the responses
     anchor_scores: jax.Array  # [B, n, G] rubric scores of the anchor answers
     group_valid: jax.Array  # [B, G]
-    generator_reward: jax.Array  # [B, G]
+    generator_reward: jax.Array  # [B, G] J_disc + anchor_weight J_anchor
     discriminability: jax.Array  # [B, G] J_disc
     anchor_reward: jax.Array  # [B, G] J_anchor
-    policy_reward: jax.Array  # [B, K]
+    rubric_reward: jax.Array  # [B, K] the responses' score under this round's evaluator
+    policy_reward: jax.Array  # [B, K] rubric_reward, or the oracle's with policy_reward=oracle
     oracle_reward: jax.Array | None  # [B, K] ground truth, when the setup has an oracle
     generator_advantages: jax.Array  # [B, G]
     policy_advantages: jax.Array  # [B, K]
@@ -118,27 +120,31 @@ def judge_stage(setup: RoundSetup, verifier_params: nnx.State, question: Questio
                                             parsed.valid[:, None])
     gen_reward, parts = dynamic_rubric_rewards(
         verdicts.transpose(0, 2, 1, 3), weights, parsed.valid, anchor_scores.transpose(0, 2, 1),
-        lam=cfg.anchor_weight, anchor_mask=anchors.mask, disc_mode=cfg.disc_mode)
+        lam=cfg.anchor_weight, anchor_mask=anchors.mask, anchor_ranks=anchors.ranks,
+        disc_mode=cfg.disc_mode)
     group_valid = parts["group_valid"] & parsed.complete
-    gen_reward = jnp.where(group_valid, gen_reward, cfg.invalid_rubric_reward)
+    # Invalid rubrics rank below every valid one in each normalisation (no fixed penalty is
+    # below every reward: a valid rubric that reverses the anchors scores J_anchor ~ -1.06).
+    gen_advantages = generator_advantages(
+        parts["disc"], parts["anchor"], group_valid, lam=cfg.anchor_weight,
+        combine=cfg.generator_combine, mode=cfg.advantage_mode)
 
+    if cfg.policy_score == "best_group":  # the rubric the generator's advantage ranks first
+        best = jnp.argmax(jnp.where(group_valid, gen_advantages, -jnp.inf), axis=-1)
+        rubric_reward = jnp.take_along_axis(scores, best[:, None, None], axis=2)[..., 0]
+    else:
+        rubric_reward = mean_valid_score(scores, group_valid)
     oracle = (None if setup.oracle_reward is None
               else setup.oracle_reward(responses.tokens, text_len, question))
-    if cfg.policy_reward == "oracle":
-        policy_reward = oracle
-    elif cfg.policy_score == "best_group":
-        best = jnp.argmax(jnp.where(group_valid, gen_reward, -jnp.inf), axis=-1)
-        policy_reward = jnp.take_along_axis(scores, best[:, None, None], axis=2)[..., 0]
-    else:
-        policy_reward = mean_valid_score(scores, group_valid)
+    policy_reward = oracle if cfg.policy_reward == "oracle" else rubric_reward
     metrics = {
         "policy/reward": policy_reward.mean(),
         "policy/reward_std_in_group": policy_reward.std(-1).mean(),
         "policy/response_length": responses.lengths.mean(),
         "policy/truncated": 1.0 - responses.finished.mean(),
-        "generator/reward": gen_reward.mean(),
-        "generator/discriminability": parts["disc"].mean(),
-        "generator/anchor": parts["anchor"].mean(),
+        "generator/reward": grpo.masked_mean(gen_reward, group_valid),
+        "generator/discriminability": grpo.masked_mean(parts["disc"], group_valid),
+        "generator/anchor": grpo.masked_mean(parts["anchor"], group_valid),
         "rubric/valid_rate": group_valid.mean(),
         "rubric/items": parsed.valid.sum(-1).mean(),
         "rubric/tokens": rubrics.lengths.mean(),
@@ -146,8 +152,7 @@ def judge_stage(setup: RoundSetup, verifier_params: nnx.State, question: Questio
         "tokens/generated": responses.lengths.sum() + rubrics.lengths.sum(),
     }
     return Judged(verdicts, scores, anchor_scores, group_valid, gen_reward, parts["disc"],
-                  parts["anchor"], policy_reward, oracle,
-                  grpo.group_advantages(gen_reward, mode=cfg.advantage_mode),
+                  parts["anchor"], rubric_reward, policy_reward, oracle, gen_advantages,
                   grpo.group_advantages(policy_reward, mode=cfg.advantage_mode), metrics)
 
 
@@ -208,21 +213,36 @@ def dynamic_rubric_round(setup: RoundSetup, state: RoundState, frozen: Frozen,
 
 
 # ------------------------------------------------------------------------------ evaluation
+def pair_gaps(scores: jax.Array, better: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Over the pairs `better [B, N, N]` (i preferred to j), the mean score gap `s_i - s_j`
+    (Δgap) and the share of pairs the scores `[B, N]` order the same way (ties count half)."""
+    gap = scores[:, :, None] - scores[:, None, :]
+    agree = jnp.where(gap > 0, 1.0, jnp.where(gap == 0, 0.5, 0.0))
+    return grpo.masked_mean(gap, better), grpo.masked_mean(agree, better)
+
+
 def evaluation_stage(setup: RoundSetup, anchors: Anchors, judged: Judged
                      ) -> dict[str, jax.Array]:
     """The held-out metrics of a judged rollout (see `dynamic_rubric_evaluation`)."""
     del setup
     scores = mean_valid_score(judged.anchor_scores, judged.group_valid)  # [B, n]
-    n = scores.shape[1]
-    better = jnp.arange(n)[:, None] < jnp.arange(n)[None, :]
-    listed = anchors.mask[:, :, None] & anchors.mask[:, None, :] & better
+    anchor_gap, anchor_accuracy = pair_gaps(scores, preference_pairs(anchors.ranks, anchors.mask))
     metrics = {
-        "anchor_delta_gap": grpo.masked_mean(scores[:, :, None] - scores[:, None, :], listed),
+        "anchor_delta_gap": anchor_gap,
+        "anchor_pair_accuracy": anchor_accuracy,
         "policy_score": mean_valid_score(judged.scores, judged.group_valid).mean(),
         "rubric_valid_rate": judged.group_valid.mean(),
     }
     if judged.oracle_reward is not None:
-        metrics["quality"] = judged.oracle_reward.mean()
+        # The paper's Δgap (its Eq. 2): on the current policy's own answers, pairs ordered by
+        # the ground truth, scored by this round's evaluator (what the policy is rewarded by).
+        quality = judged.oracle_reward
+        better = quality[:, :, None] > quality[:, None, :]
+        metrics["delta_gap"], metrics["pair_accuracy"] = pair_gaps(judged.rubric_reward, better)
+        per_question = quality.mean(-1)
+        metrics["quality"] = per_question.mean()
+        # Clustered by question: the K answers to one question are not independent samples.
+        metrics["quality_se"] = per_question.std() / jnp.sqrt(per_question.shape[0])
     return metrics
 
 
@@ -231,8 +251,10 @@ def dynamic_rubric_evaluation(setup: RoundSetup, state: RoundState, frozen: Froz
                               run: placement.Placement | None = None) -> dict[str, jax.Array]:
     """A round's rollout on a held-out batch, no update: `anchor_delta_gap` (the mean score
     difference of every better-worse pair of anchor answers under this round's rubrics, the
-    signal the evaluator gives), the rubric scores of the policy's responses and, when the
-    setup has an oracle, the policy's ground-truth quality."""
+    signal the evaluator gives; ties make no pair) and `anchor_pair_accuracy`, the rubric
+    scores of the policy's responses and, when the setup has an oracle, the policy's
+    ground-truth `quality` (with its standard error over questions) and `delta_gap` /
+    `pair_accuracy` on the policy's own answers ordered by that ground truth."""
     run = run or placement.colocated(setup)
     out = rollout(setup, state, frozen, batch, rng, run)
     return run(Role.VERIFIER, evaluation_stage, batch.anchors, out.judged)

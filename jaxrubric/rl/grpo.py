@@ -91,10 +91,11 @@ def rank_invalid_last(rewards: Array, valid: Array, *, margin: float = 1.0) -> A
     """Rewards `[..., G]` with each invalid sample's set `margin` below the lowest valid one
     of its group, so that its advantage is the group's lowest whatever the valid rewards'
     range (a fixed penalty such as 0 or -1 is not below a reward that can be more negative).
-    A group with no valid sample keeps its rewards."""
+    A group with no valid sample gets 0 everywhere: nothing to learn from it."""
     valid = jnp.broadcast_to(jnp.asarray(valid, bool), jnp.shape(rewards))
     lowest = jnp.min(jnp.where(valid, rewards, jnp.inf), axis=-1, keepdims=True)
-    return jnp.where(valid | ~valid.any(-1, keepdims=True), rewards, lowest - margin)
+    ranked = jnp.where(valid, rewards, lowest - margin)
+    return jnp.where(valid.any(-1, keepdims=True), ranked, 0.0)
 
 
 # --------------------------------------------------------------------------------------------

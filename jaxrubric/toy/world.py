@@ -51,7 +51,9 @@ from jaxrubric.rubric import templates as tpl
 from jaxrubric.toy import digits_task as task
 from jaxrubric.train_loop import read_eval_history
 
-RUNS = ("coevolve", "frozen", "oracle")
+RUNS = ("coevolve", "frozen", "static", "oracle")
+# The runs whose generator sees only the prompt (DynamicRubric's static baseline).
+STATIC_RUNS = ("static",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,9 +63,11 @@ class ToyWorldConfig:
     seed: int = 0
     rounds: int = 60  # co-evolution rounds of each compared run
     generator_rounds: int = 40  # the generator's rounds against the warm-started policy
-    eval_every: int = 10
+    eval_every: int = 20
     batch_size: int = 8  # prompts per round
-    eval_batch_size: int = 64  # held-out prompts per evaluation
+    # Held-out prompts per evaluation, K answers each (`eval/quality_se`: the standard error of
+    # a run's quality, clustered by question; ~0.013 at 256 x 4).
+    eval_batch_size: int = 256
     num_responses: int = 4  # K
     num_rubrics: int = 8  # G: a large group gives the generator's GRPO a usable baseline
     max_items: int = 4
@@ -230,16 +234,19 @@ def policy_examples(tokenizer: Any, rng: random.Random, n: int, p_correct: float
     return prompts, targets
 
 
-def generator_examples(tokenizer: Any, rng: random.Random, n: int, cfg: ToyWorldConfig
-                       ) -> tuple[list, list]:
+def generator_examples(tokenizer: Any, rng: random.Random, n: int, cfg: ToyWorldConfig,
+                       static: bool = False) -> tuple[list, list]:
+    """The generator's cold-start pairs: its prompt (the question and K warm-start answers, or
+    the question alone for the static baseline) and a partly sound teacher rubric."""
+    shown_count = 0 if static else cfg.num_responses
     template = tpl.dynamic_rubric_generator_template(
-        tokenizer, cfg.num_responses, max_items=cfg.max_items, style="compact")
+        tokenizer, shown_count, max_items=cfg.max_items, style="compact")
     prompts, targets = [], []
     for _ in range(n):
         question, _ = task.make_prompt(rng)
         shown = [task.policy_warm_start_answer(question, rng, cfg.policy_p_correct,
                                                cfg.policy_mistakes)
-                 for _ in range(cfg.num_responses)]
+                 for _ in range(shown_count)]
         prompts.append(_template_ids(template, tokenizer, question, *shown))
         rubric = task.teacher_rubric(question, rng, cfg.max_items, cfg.teacher_informed,
                                      cfg.teacher_sound)
@@ -287,9 +294,10 @@ def warm_start(role: str, workdir: Path, tokenizer: Any, mesh, cfg: ToyWorldConf
         make = lambda r, n: policy_examples(  # noqa: E731
             tokenizer, r, n, cfg.policy_p_correct, cfg.policy_mistakes)
         steps = cfg.policy_steps
-    else:
+    else:  # generator_cold, or generator_cold_static for the static baseline
         model = _new_model(tokenizer, mesh, cfg.seed + 2, cfg.hidden_size, cfg.num_layers)
-        make = lambda r, n: generator_examples(tokenizer, r, n, cfg)  # noqa: E731
+        static = role.endswith("_static")
+        make = lambda r, n: generator_examples(tokenizer, r, n, cfg, static)  # noqa: E731
         steps = cfg.generator_steps
     print(f"warm start: {role} ({steps} supervised steps)", flush=True)
     if role == "verifier":
@@ -306,7 +314,8 @@ def warm_start(role: str, workdir: Path, tokenizer: Any, mesh, cfg: ToyWorldConf
 # ---------------------------------------------------------------------------- co-evolution
 def run_config(name: str, workdir: Path, paths: dict[str, Path], cfg: ToyWorldConfig,
                generator: Path) -> ml_collections.ConfigDict:
-    """The training config of one toy run; `name` is a run of `RUNS` or "generator"."""
+    """The training config of one toy run; `name` is a run of `RUNS`, or "generator" /
+    "generator_static" (the generator's rounds against the frozen warm-started policy)."""
     c = base_config()
     c.seed = cfg.seed
     c.tokenizer = str(workdir / "tokenizer")
@@ -342,7 +351,9 @@ def run_config(name: str, workdir: Path, paths: dict[str, Path], cfg: ToyWorldCo
     c.checkpoint_every = cfg.eval_every
     c.keep_checkpoints = 1
     c.log_every = 1
-    if name == "generator":
+    if name in STATIC_RUNS or name == "generator_static":
+        c.round.rubric_source = "static"
+    if name.startswith("generator"):
         c.rounds = cfg.generator_rounds
         c.round.freeze_policy = True
         c.eval_every = cfg.generator_rounds
@@ -365,26 +376,34 @@ def _train_run(name: str, workdir: Path, paths: dict[str, Path], cfg: ToyWorldCo
     return run_dir
 
 
-def trained_generator(workdir: Path, paths: dict[str, Path], cfg: ToyWorldConfig) -> Path:
-    """The generator after its rounds against the warm-started (frozen) policy."""
+def trained_generator(workdir: Path, paths: dict[str, Path], cfg: ToyWorldConfig,
+                      static: bool = False) -> Path:
+    """The generator after its rounds against the warm-started (frozen) policy: the evaluator
+    every run starts from (`static`: the prompt-only generator of the static baseline, trained
+    the same way from its own cold start)."""
     from jaxrubric.train import export
 
-    out = workdir / "models" / "generator"
+    suffix = "_static" if static else ""
+    out = workdir / "models" / f"generator{suffix}"
     if not (out / "config.json").exists():
-        run_dir = _train_run("generator", workdir, paths, cfg,
-                             workdir / "models" / "generator_cold")
+        run_dir = _train_run(f"generator{suffix}", workdir, paths, cfg,
+                             workdir / "models" / f"generator_cold{suffix}")
         export(run_dir, "generator", out, oracle=task.oracle_reward)
     return out
 
 
 # ---------------------------------------------------------------------------------- result
+CURVES = ("quality", "quality_se", "delta_gap", "pair_accuracy", "anchor_delta_gap")
+
+
 def quality_curves(workdir: Path, runs: tuple[str, ...]) -> dict[str, list[dict[str, float]]]:
-    """Per run, the held-out quality (and Δgap) of every evaluated round."""
+    """Per run, every evaluated round's held-out quality (with its standard error), Δgap and
+    pair accuracy on the policy's own answers, and Δgap on the held-out anchor lists."""
     curves = {}
     for name in runs:
         history = read_eval_history(workdir / "runs" / name)
-        curves[name] = [{"round": h["round"], "quality": h["eval/quality"],
-                         "anchor_delta_gap": h.get("eval/anchor_delta_gap")} for h in history]
+        curves[name] = [{"round": h["round"], **{k: h.get(f"eval/{k}") for k in CURVES}}
+                        for h in history]
     return curves
 
 
@@ -393,8 +412,8 @@ def summarize(workdir: Path, cfg: ToyWorldConfig) -> dict[str, Any]:
     curves = quality_curves(workdir, cfg.runs)
     summary = {name: [p["quality"] for p in curve] for name, curve in curves.items()}
     summary["rounds"] = [p["round"] for p in next(iter(curves.values()))]
-    summary["anchor_delta_gap"] = {name: [p["anchor_delta_gap"] for p in c]
-                                   for name, c in curves.items()}
+    for key in CURVES[1:]:
+        summary[key] = {name: [p[key] for p in c] for name, c in curves.items()}
     summary["config"] = dataclasses.asdict(cfg)
     (workdir / "summary.json").write_text(json.dumps(summary, indent=1))
     plot(summary, workdir / "quality.png", cfg.runs)
@@ -406,7 +425,11 @@ def table(summary: dict[str, Any], runs: tuple[str, ...]) -> str:
     lines = ["round  " + "  ".join(f"{r:>8}" for r in runs)]
     for i, round_ in enumerate(summary["rounds"]):
         lines.append(f"{round_:5d}  " + "  ".join(f"{summary[r][i]:8.3f}" for r in runs))
-    return "held-out quality of the policy (1 = exactly the big digits)\n" + "\n".join(lines)
+    se = max(max(v) for v in summary["quality_se"].values())
+    gaps = "  ".join(f"{r} {summary['delta_gap'][r][-1]:.3f}" for r in runs)
+    return ("held-out quality of the policy (1 = exactly the big digits; standard error "
+            f"<= {se:.3f})\n" + "\n".join(lines)
+            + f"\nΔgap on each run's own answers at the last evaluation: {gaps}")
 
 
 def plot(summary: dict[str, Any], path: Path, runs: tuple[str, ...]) -> None:
@@ -418,17 +441,17 @@ def plot(summary: dict[str, Any], path: Path, runs: tuple[str, ...]) -> None:
     import matplotlib.pyplot as plt
 
     labels = {"coevolve": "co-evolving generator", "frozen": "frozen generator (stale)",
-              "oracle": "ground-truth reward (ceiling)"}
+              "static": "static rubric (prompt only)", "oracle": "ground-truth reward (ceiling)"}
     fig, (quality, gap) = plt.subplots(1, 2, figsize=(10, 3.6), dpi=110)
     for name in runs:
-        quality.plot(summary["rounds"], summary[name], marker="o", ms=3, label=labels[name])
-        if name != "oracle":  # the oracle run's generator is frozen too: same as "frozen"
-            gap.plot(summary["rounds"], summary["anchor_delta_gap"][name], marker="o", ms=3,
-                     label=labels[name])
+        quality.errorbar(summary["rounds"], summary[name], yerr=summary["quality_se"][name],
+                         marker="o", ms=3, capsize=2, label=labels[name])
+        gap.plot(summary["rounds"], summary["delta_gap"][name], marker="o", ms=3,
+                 label=labels[name])
     quality.set(xlabel="co-evolution round", ylabel="held-out quality",
                 title="Policy: keep the big digits")
-    gap.set(xlabel="co-evolution round", ylabel="Δgap on held-out anchors",
-            title="Evaluator: separation of better from worse")
+    gap.set(xlabel="co-evolution round", ylabel="Δgap on the policy's own answers",
+            title="Evaluator: better minus worse answer's score")
     for ax in (quality, gap):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -449,11 +472,15 @@ def run_toy_world(workdir: str | Path, cfg: ToyWorldConfig = ToyWorldConfig()) -
     tokenizer = jaxrubric.load_tokenizer(workdir / "tokenizer")
     paths = write_data(workdir, cfg)
     mesh = shd.make_mesh({"fsdp": -1})
-    for role in ("verifier", "policy", "generator_cold"):
+    static = any(name in STATIC_RUNS for name in cfg.runs)
+    for role in ("verifier", "policy", "generator_cold", *(("generator_cold_static",) if static
+                                                            else ())):
         warm_start(role, workdir, tokenizer, mesh, cfg)
-    generator = trained_generator(workdir, paths, cfg)
+    generators = {False: trained_generator(workdir, paths, cfg)}
+    if static:
+        generators[True] = trained_generator(workdir, paths, cfg, static=True)
     for name in cfg.runs:
-        _train_run(name, workdir, paths, cfg, generator)
+        _train_run(name, workdir, paths, cfg, generators[name in STATIC_RUNS])
     return summarize(workdir, cfg)
 
 
