@@ -318,7 +318,8 @@ def format_out_of_memory(plan: dict[str, Any], compiled: dict[str, Any]) -> str:
 
 
 def format_comparison(plan: dict[str, Any], compiled: dict[str, Any]) -> str:
-    """XLA's numbers (`compiled_memory`) beside the plan's, for the parts they measure alike."""
+    """XLA's numbers (`compiled_memory`) beside the plan's, for the parts they measure alike;
+    on a TPU slice, a round that compiled is one the compiler fits in the device memory."""
     if "oom" in compiled:
         return format_out_of_memory(plan, compiled)
     unit, scale = table_unit(max(compiled["argument"] + compiled["temp"], plan["total"]))
@@ -337,8 +338,9 @@ def format_comparison(plan: dict[str, Any], compiled: dict[str, Any]) -> str:
         row("  of which written into donated arguments", compiled["alias"], None),
         row("generated code", compiled["generated_code"], None),
         row("peak: arguments + temporaries + new outputs", compiled["peak"], plan["total"]),
-        f"XLA's peak against {plan['usable'] / GIB:.2f} GiB usable -> "
-        f"{verdict(compiled['peak'], plan['usable'])}",
+        f"that peak against {plan['usable'] / GIB:.2f} GiB usable -> "
+        f"{verdict(compiled['peak'], plan['usable'])} (an upper bound: XLA may put "
+        "temporaries in donated arguments' memory)",
     ])
 
 
