@@ -372,7 +372,10 @@ def _train_run(name: str, workdir: Path, paths: dict[str, Path], cfg: ToyWorldCo
 
     run_dir = workdir / "runs" / name
     print(f"run: {name}", flush=True)
-    train(run_config(name, workdir, paths, cfg, generator), run_dir, oracle=task.oracle_reward)
+    summary = train(run_config(name, workdir, paths, cfg, generator), run_dir,
+                    oracle=task.oracle_reward)
+    if summary["preempted"]:  # SIGTERM saved this run's round: stop the world, not just the run
+        raise SystemExit(f"stopped by SIGTERM in the {name} run; rerun to resume")
     return run_dir
 
 
