@@ -257,29 +257,26 @@ class GenRubric(core.Method):
 
     def check_config(self, config: Any) -> None:
         rc = RoundConfig(**config.round.to_dict())
-        if rc.num_rubrics < 2:
-            raise ValueError("config.round.num_rubrics: GenRubric needs >= 2 (each group's "
-                             f"induced response is judged by the other groups), got "
-                             f"{rc.num_rubrics}")
-        if rc.rubric_source != "dynamic" or rc.policy_reward != "rubric":
-            raise ValueError("config.round.rubric_source / policy_reward: GenRubric rubrics "
-                             "always come from the query alone and reward the policy; keep "
-                             "their defaults")
+        try:
+            self.check_round(rc, None)
+        except ValueError as err:
+            raise ValueError(f"config.round.{err}") from None
         if config.oracle:
             raise ValueError("config.oracle is supported by the dynamic_rubric method only")
         core.check_micro_batches(rc, self.round_shapes(rc, core.config_dims(config, self)))
 
     def check_round(self, config, oracle_reward):
-        """Raises ValueError for fewer than two rubric groups (a group is scored by the
-        others), or an oracle (GenRubric always rewards the policy by rubric scores)."""
+        """Raises ValueError, naming the round key, for fewer than two rubric groups (a group
+        is scored by the others), or an oracle (GenRubric always rewards the policy by rubric
+        scores)."""
         if config.num_rubrics < 2:
-            raise ValueError("GenRubric needs num_rubrics >= 2: each group's induced response "
-                             f"is judged by the other groups, got {config.num_rubrics}")
+            raise ValueError("num_rubrics: GenRubric needs >= 2 (each group's induced response "
+                             f"is judged by the other groups), got {config.num_rubrics}")
         if (config.rubric_source != "dynamic" or config.policy_reward != "rubric"
                 or oracle_reward is not None):
-            raise ValueError("GenRubric rubrics always come from the query alone and reward "
-                             "the policy: rubric_source and policy_reward keep their defaults "
-                             "and there is no oracle")
+            raise ValueError("rubric_source / policy_reward: GenRubric rubrics always come "
+                             "from the query alone and reward the policy; keep their defaults "
+                             "(and give no oracle)")
 
     def round(self, setup, state, frozen, batch, rng, run=None):
         return genrubric_round(setup, state, frozen, batch, rng, run)
