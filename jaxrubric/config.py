@@ -86,6 +86,11 @@ def base_config() -> ml_collections.ConfigDict:
     c.log_every = 1
     c.eval_every = 0  # 0: evaluate at the start and after the last round only
     c.profile_round = 0  # > 0: a jax.profiler trace of that round in the TensorBoard folder
+    # wandb: also log TensorBoard's scalars and texts to W&B (needs `pip install
+    # 'jaxrubric[wandb]'`), to project `wandb_project` (empty: WANDB_PROJECT or W&B's default)
+    # as run `wandb_run_name` (empty: W&B picks one); a rerun in the workdir continues the run.
+    c.logging = ml_collections.ConfigDict({"wandb": False, "wandb_project": "jaxrubric",
+                                           "wandb_run_name": ""})
     # Stop once a role's update has been skipped (non-finite loss or gradient) this many rounds
     # in a row; its weights are kept as they were before the skips.
     c.max_skipped_rounds = 3
@@ -376,6 +381,9 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     _check_keys(config)
     _check_types(config)
     _check_choices(config)
+    if config.logging.wandb and importlib.util.find_spec("wandb") is None:
+        raise ConfigFileError("config.logging.wandb=True needs the wandb package, which is not "
+                              "installed: pip install 'jaxrubric[wandb]'")
     for key in ("rounds", "data.batch_size", "checkpoint_every", "keep_checkpoints",
                 "log_every", "rubric.max_items", "rubric.max_item_tokens", "max_skipped_rounds"):
         if _get(config, key) < 1:

@@ -25,6 +25,7 @@ from jaxrubric.methods import core, get_method
 from jaxrubric.methods.core import Frozen
 from jaxrubric.models.transformer import Decoder
 from jaxrubric.roles import ROLES, TRAINED, Role
+from jaxrubric.logging_utils import WandbSettings
 from jaxrubric.train_loop import restore_checkpoint, run_training
 
 CONFIG_FILE = "config.json"
@@ -223,14 +224,16 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, *,
         log_every=config.log_every, config=_fingerprinted(config),
         eval_fn=task.evaluate if task._evaluate is not None else None,
         eval_every=config.eval_every or None, profile_round=config.profile_round or None,
-        max_skipped_rounds=config.max_skipped_rounds, fallback=fallback)
+        max_skipped_rounds=config.max_skipped_rounds, fallback=fallback,
+        wandb=(WandbSettings(config.logging.wandb_project, config.logging.wandb_run_name)
+               if config.logging.wandb else None))
 
 
 def _fingerprinted(config: ml_collections.ConfigDict) -> dict:
     """The config minus what may change on resume (the number of rounds, logging)."""
     data = json.loads(config.to_json_best_effort())
     for key in ("rounds", "log_every", "checkpoint_every", "keep_checkpoints", "eval_every",
-                "profile_round", "max_skipped_rounds"):
+                "profile_round", "max_skipped_rounds", "logging"):
         data.pop(key, None)
     return data
 

@@ -8,7 +8,7 @@ together, and round r always uses `jax.random.fold_in(key, r)`.
 Checkpoints (orbax `CheckpointManager`, async) live in `workdir/checkpoints/<round>/` with two
 items, `state` (the whole state pytree) and `meta` (JSON: round, data position, rng key data,
 the config and its fingerprint, last metrics and eval metrics); TensorBoard events go to
-`workdir/tensorboard/`.
+`workdir/tensorboard/`, and the same scalars and texts to a W&B run when one is asked for.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from jaxrubric import mfu as mfu_lib
-from jaxrubric.logging_utils import SKIPPED_SUFFIX, Progress, SummaryWriter, scalar_metrics
+from jaxrubric.logging_utils import (SKIPPED_SUFFIX, Progress, WandbSettings, Writers,
+                                     open_writers, scalar_metrics)
 from jaxrubric.state_digest import digest_mismatch, state_digest
 from jaxrubric.workdir_lock import WorkdirLock
 
@@ -93,13 +94,15 @@ def run_training(task: Task, *, workdir: str | os.PathLike, rounds: int, seed: i
                  log_every: int = 1, eval_fn: EvalFn | None = None,
                  eval_every: int | None = None, config: Any = None,
                  allow_config_change: bool = False, profile_round: int | None = None,
-                 max_skipped_rounds: int = 3, fallback: bool = True) -> dict[str, Any]:
+                 max_skipped_rounds: int = 3, fallback: bool = True,
+                 wandb: WandbSettings | None = None) -> dict[str, Any]:
     """Runs rounds until `rounds` have been completed in `workdir`, resuming from its latest
     checkpoint, and returns a summary.
 
     Args:
       task: the state and the round (see `Task`).
-      workdir: holds `checkpoints/` and `tensorboard/`; rerunning with it resumes.
+      workdir: holds `checkpoints/` and `tensorboard/` (with `wandb`, also `wandb_run_id` and
+        `wandb/`); rerunning with it resumes.
       rounds: total number of rounds of the run (not rounds to add).
       seed: base rng key `jax.random.key(seed)`; a resumed run uses the checkpointed key.
       checkpoint_every: save after every round that is a multiple of this; the final round
@@ -123,6 +126,8 @@ def run_training(task: Task, *, workdir: str | os.PathLike, rounds: int, seed: i
       fallback: every checkpoint carries a digest of its state; resuming, a checkpoint that
         cannot be read or does not match it is reported and moved aside, and the run resumes
         from the newest one that verifies. False: stop with `DamagedCheckpointError` instead.
+      wandb: also log to this W&B run (process 0, needs `wandb`): the same scalars and texts,
+        the run config as run config; a rerun in `workdir` continues the same W&B run.
 
     Returns:
       `final_round` (rounds completed), `metrics` (scalar metrics of the last round run, or of
@@ -146,7 +151,7 @@ def run_training(task: Task, *, workdir: str | os.PathLike, rounds: int, seed: i
             lock.release()
         raise
     progress: Progress | None = None
-    writer: SummaryWriter | None = None
+    writer: Writers | None = None
     try:
         with _sigterm_flag() as sigterm:
             latest = manager.latest_step()
@@ -172,7 +177,8 @@ def run_training(task: Task, *, workdir: str | os.PathLike, rounds: int, seed: i
                 last_scalars, eval_scalars = meta["metrics"], meta["eval"]
                 _say(f"resumed from round {resumed_from}")
 
-            writer = SummaryWriter(os.path.join(workdir, TENSORBOARD_DIR))
+            writer = open_writers(os.path.join(workdir, TENSORBOARD_DIR), wandb,
+                                  workdir=workdir, config=run_config)
             writer.start(done + 1)
 
             def evaluate(round_: int) -> tuple[dict[str, float], float]:
