@@ -166,7 +166,8 @@ def _export(args: argparse.Namespace) -> int:
 
     config_file = Path(args.workdir) / CONFIG_FILE
     oracle = _oracle(load_config(config_file).oracle) if config_file.is_file() else None
-    export(args.workdir, args.role, args.out, dtype=args.dtype, oracle=oracle)
+    export(args.workdir, args.role, args.out, dtype=args.dtype, oracle=oracle,
+           adapter=args.adapter)
     return 0
 
 
@@ -225,6 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--role", choices=["policy", "generator"], default="policy")
     export.add_argument("--out", required=True)
     export.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None)
+    export.add_argument("--adapter", action="store_true",
+                        help="a LoRA role: write its PEFT adapter folder (adapter_config.json, "
+                             "adapter_model.safetensors) instead of merged weights")
     export.set_defaults(func=_export)
 
     from jaxrubric.eval import evaluate as evaluate_command

@@ -24,9 +24,10 @@ import ml_collections
 
 from jaxrubric.methods import get_method
 from jaxrubric.methods.core import OPTIONS, RoundConfig
-from jaxrubric.models.config import REMAT_POLICIES, ConfigError, DTypeLike, dtype_name
+from jaxrubric.models.config import (LORA_TARGETS, REMAT_POLICIES, ConfigError, DTypeLike,
+                                      LoraConfig, dtype_name)
 from jaxrubric.placement import resolve_submeshes
-from jaxrubric.roles import ROLES
+from jaxrubric.roles import ROLES, TRAINED
 from jaxrubric.rubric.templates import STYLES
 
 # Sections whose keys are the user's own: passed as they are to the tokenizer's chat template.
@@ -65,6 +66,13 @@ def base_config() -> ml_collections.ConfigDict:
         c[role.value] = ml_collections.ConfigDict(
             {"path": "", "seed": 0, "dtype": _dtype_field(), "param_dtype": _dtype_field(),
              "remat": "none", "attention_chunk": 0})
+    # LoRA on a trained role (rank 0: full fine-tuning): only the adapters train and sit in the
+    # optimiser, the base weights stay frozen in the compute dtype and are the KL reference.
+    # targets: comma-separated projections (q_proj, k_proj, v_proj, o_proj, gate_proj,
+    # up_proj, down_proj). The verifier is never adapted.
+    for role in TRAINED:
+        c[role.value].lora = ml_collections.ConfigDict(
+            {"rank": 0, "alpha": 32.0, "dropout": 0.0, "targets": "q_proj,k_proj,v_proj,o_proj"})
     # data.eval: held-out prompts with anchor lists for the evaluator's Δgap (and, with an
     # oracle, the policy's ground-truth quality), evaluated every `eval_every` rounds on its
     # first `eval_batch_size` rows (0: data.batch_size).
@@ -158,6 +166,35 @@ def paper_recipe(checkpoint: str, chat_template_kwargs: dict | None = None,
     config.optim.generator_lr = 5e-6
     config.checkpoint_every = 25
     config.log_every = 1
+    return config
+
+
+def one_chip_recipe(checkpoint: str, method: str = "dynamic_rubric", *,
+                    update_micro_batches: int = 8, lora_rank: int = 16,
+                    chat_template_kwargs: dict | None = None) -> ml_collections.ConfigDict:
+    """`paper_recipe` cut to fit one 16 GB chip with a ~0.6B model: LoRA of `lora_rank` on
+    every projection of the policy and the generator (fp32 adapters over a bf16 base; 10x the
+    full-fine-tuning learning rates, as LoRA wants), 8 prompts a round, shorter prompts,
+    answers and rubrics, rollouts in 2 micro-batches (sized with `jaxrubric plan`)."""
+    config = paper_recipe(checkpoint, chat_template_kwargs, method=method,
+                          update_micro_batches=update_micro_batches)
+    config.rounds = 200
+    config.data.batch_size = 8
+    config.data.prompt_tokens = 384
+    config.data.policy_tokens = 448
+    config.data.anchor_tokens = 256
+    config.round.response_tokens = 256
+    config.rubric.max_items = 8
+    config.rubric.max_item_tokens = 32
+    config.round.rollout_micro_batches = 2
+    for role in ("policy", "generator"):
+        config[role].lora.rank = lora_rank
+        config[role].lora.alpha = 2.0 * lora_rank
+        config[role].lora.targets = ",".join(LORA_TARGETS)
+        config[role].param_dtype = "float32"  # the adapters (the base stays in bfloat16)
+    config.optim.policy_lr = 1e-5
+    config.optim.generator_lr = 5e-5
+    config.checkpoint_every = 20
     return config
 
 
@@ -369,6 +406,19 @@ def _set(config: ml_collections.ConfigDict, key: str, value: Any) -> None:
         node[last] = value
 
 
+def role_lora(config: ml_collections.ConfigDict, role: str) -> LoraConfig | None:
+    """A trained role's `lora` section as the decoder's LoraConfig (None at rank 0)."""
+    section = config[role].lora
+    if section.rank == 0:
+        return None
+    try:
+        return LoraConfig(rank=section.rank, alpha=section.alpha, dropout=section.dropout,
+                          targets=tuple(t.strip() for t in section.targets.split(",")
+                                        if t.strip()))
+    except ConfigError as err:
+        raise ConfigFileError(f"config.{role}.{err}") from err
+
+
 def round_config(config: ml_collections.ConfigDict) -> RoundConfig:
     """The round section as the RoundConfig the round is built from."""
     return RoundConfig(**config.round.to_dict())
@@ -402,6 +452,11 @@ def check_config(config: ml_collections.ConfigDict) -> None:
         if config[role].attention_chunk < 0:
             raise ConfigFileError(f"config.{role}.attention_chunk must be >= 0 (0: off), got "
                                   f"{config[role].attention_chunk}")
+    for role in TRAINED:
+        if config[role].lora.rank < 0:
+            raise ConfigFileError(f"config.{role}.lora.rank must be >= 0 (0: off), got "
+                                  f"{config[role].lora.rank}")
+        role_lora(config, role)
     try:
         round_config(config)
     except (TypeError, ValueError) as err:

@@ -12,7 +12,9 @@ not what our implementation happens to execute. The convention is MaxText's
   actually projected, tied or untied, over the tokenizer's vocabulary (columns padded for
   sharding are overhead, not model work);
 - a trained forward + backward counts 3x the forward (the backward is two matmuls per forward
-  matmul); forwards recomputed by rematerialisation are not counted.
+  matmul); forwards recomputed by rematerialisation are not counted. A LoRA role's backward
+  has no weight gradients of its frozen base: 2x the forward (the rank-r adapters' own
+  matmuls, under 1% at the recipes' ranks, are not counted).
 
 Round-level approximations (`round_flops_by_stage`), all from the round's static shapes as its
 method describes them (`Method.round_shapes`):
@@ -123,7 +125,8 @@ def round_flops_by_stage(models: Mapping[Role, ModelConfig], config: RoundConfig
                                        completion_len=u.completion_len)
         if config.beta(u.role) > 0:
             stages[f"{u.role}/reference"] = forward
-        stages[f"{u.role}/update"] = 3 * config.num_updates * forward
+        passes = 3 if models[u.role].lora is None else 2
+        stages[f"{u.role}/update"] = passes * config.num_updates * forward
     return stages
 
 

@@ -19,10 +19,12 @@ from flax import nnx
 import jaxrubric
 from jaxrubric import flops, placement
 from jaxrubric import sharding as shd
-from jaxrubric.config import load_config, round_config
+from jaxrubric.config import load_config, role_lora, round_config
 from jaxrubric.data import load_anchors, prompt_text
 from jaxrubric.methods import core, get_method
 from jaxrubric.methods.core import Frozen
+from jaxrubric.models import adapters, hf
+from jaxrubric.models.config import LoraConfig
 from jaxrubric.models.transformer import Decoder
 from jaxrubric.roles import ROLES, TRAINED, Role
 from jaxrubric.logging_utils import WandbSettings
@@ -42,18 +44,27 @@ def make_optimizer(config: ml_collections.ConfigDict, role: Role) -> optax.Gradi
 
 
 def _role_model(role: ml_collections.ConfigDict, vocab_size: int, tokenizer: Any,
-                mesh) -> Decoder:
-    """An HF checkpoint from `role.path`, or (empty path) a tiny random Qwen3 over the vocab."""
+                mesh, lora: LoraConfig | None = None) -> Decoder:
+    """An HF checkpoint from `role.path`, or (empty path) a tiny random Qwen3 over the vocab.
+
+    With `lora` the weights are the frozen base, held in the compute dtype, and fresh adapters
+    (in `role.param_dtype`) are added: the model starts as the checkpoint."""
+    param_dtype = role.dtype if lora is not None else role.param_dtype
     if role.path:
-        return jaxrubric.load_pretrained(role.path, dtype=role.dtype, param_dtype=role.param_dtype,
-                                         mesh=mesh, remat=role.remat,
-                                         attention_chunk=role.attention_chunk)
-    cfg = jaxrubric.tiny_config(
-        "qwen3", vocab_size=vocab_size, eos_token_ids=(tokenizer.eos_token_id,),
-        pad_token_id=tokenizer.pad_token_id, dtype=role.dtype, param_dtype=role.param_dtype,
-        remat=role.remat, attention_chunk=role.attention_chunk,
-        vocab_multiple=shd.vocab_multiple(mesh))
-    return shd.shard_model(jaxrubric.init_model(cfg, seed=role.seed), mesh)
+        model = jaxrubric.load_pretrained(role.path, dtype=role.dtype, param_dtype=param_dtype,
+                                          mesh=mesh, remat=role.remat,
+                                          attention_chunk=role.attention_chunk)
+    else:
+        cfg = jaxrubric.tiny_config(
+            "qwen3", vocab_size=vocab_size, eos_token_ids=(tokenizer.eos_token_id,),
+            pad_token_id=tokenizer.pad_token_id, dtype=role.dtype, param_dtype=param_dtype,
+            remat=role.remat, attention_chunk=role.attention_chunk,
+            vocab_multiple=shd.vocab_multiple(mesh))
+        model = shd.shard_model(jaxrubric.init_model(cfg, seed=role.seed), mesh)
+    if lora is not None:
+        model.config = model.config.replace(param_dtype=role.param_dtype)
+        adapters.add_adapters(model, lora, seed=role.seed, mesh=mesh)
+    return model
 
 
 def reference_params(model: Decoder) -> nnx.State:
@@ -123,7 +134,9 @@ class CoevolveTask:
                                  f"held-out batch needs {size}")
             self.eval_records = self.eval_records[:size]
         models = {role: _role_model(config[role], len(self.tokenizer), self.tokenizer,
-                                    self.meshes[role]) for role in ROLES}
+                                    self.meshes[role],
+                                    role_lora(config, role) if role in TRAINED else None)
+                  for role in ROLES}
         rc = round_config(config)
         self.setup = self.method.build_setup(
             rc, self.tokenizer, models,
@@ -131,11 +144,14 @@ class CoevolveTask:
             max_items=config.rubric.max_items, max_item_tokens=config.rubric.max_item_tokens,
             chat_template_kwargs=dict(config.chat_template_kwargs) or None,
             template_style=config.rubric.template_style, oracle_reward=oracle)
-        references = {role: reference_params(models[role]) if rc.needs_reference(role) else None
-                      for role in TRAINED}
+        # A LoRA role's KL reference is its frozen base (adapters off): no copy is made.
+        references = {role: reference_params(models[role]) if rc.needs_reference(role)
+                      and models[role].config.lora is None else None for role in TRAINED}
+        bases = {role: core.base_weights(models[role]) for role in TRAINED}
         self.frozen = Frozen(nnx.state(models[Role.VERIFIER], nnx.Param),
                              policy_ref=references[Role.POLICY],
-                             generator_ref=references[Role.GENERATOR])
+                             generator_ref=references[Role.GENERATOR],
+                             policy_base=bases[Role.POLICY], generator_base=bases[Role.GENERATOR])
         self.models = models
         d = config.data
         self.round_flops = flops.round_flops(
@@ -230,18 +246,26 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, *,
 
 
 def _fingerprinted(config: ml_collections.ConfigDict) -> dict:
-    """The config minus what may change on resume (the number of rounds, logging)."""
+    """The config minus what may change on resume (the number of rounds, logging). A role
+    without LoRA leaves its `lora` section out, so runs from before LoRA existed still
+    resume."""
     data = json.loads(config.to_json_best_effort())
     for key in ("rounds", "log_every", "checkpoint_every", "keep_checkpoints", "eval_every",
                 "profile_round", "max_skipped_rounds", "logging"):
         data.pop(key, None)
+    for role in TRAINED:
+        if not data.get(role, {}).get("lora", {}).get("rank"):
+            data.get(role, {}).pop("lora", None)
     return data
 
 
 def export(workdir: str | Path, role: str, out: str | Path, *, dtype: Any = None,
-           oracle: OracleReward | None = None) -> Path:
+           oracle: OracleReward | None = None, adapter: bool = False) -> Path:
     """Writes the latest checkpoint's `role` (policy or generator) as an HF checkpoint,
-    with the tokenizer beside it; `oracle` as the run was trained with (`CoevolveTask`)."""
+    with the tokenizer beside it; `oracle` as the run was trained with (`CoevolveTask`).
+
+    A LoRA role is written merged (its adapters folded into the weights), or with `adapter`
+    as a PEFT adapter folder over the base checkpoint `config.<role>.path`."""
     if role not in TRAINED:
         raise ValueError(f"role must be 'policy' or 'generator', got {role!r}")
     workdir = Path(workdir).absolute()
@@ -251,8 +275,19 @@ def export(workdir: str | Path, role: str, out: str | Path, *, dtype: Any = None
     task = CoevolveTask(load_config(config_file), oracle)
     state, meta = restore_checkpoint(str(workdir), task.abstract_state())
     role = Role(role)
-    model = nnx.merge(task.setup.graph(role), state.role(role).params)
-    path = jaxrubric.save_pretrained(model, out, dtype=dtype)
+    model = nnx.merge(task.setup.graph(role), core.role_weights(state, task.frozen, role))
+    if adapter:
+        if model.config.lora is None:
+            raise ValueError(f"--adapter: the {role} of {workdir} was fully fine-tuned "
+                             f"(config.{role}.lora.rank is 0); export it without --adapter")
+        if not task.config[role].path:
+            raise ValueError(f"--adapter: the {role}'s base is a random model (config.{role}."
+                             "path is empty), which PEFT cannot load; export it merged")
+        path = hf.save_peft_adapter(model, out, base_model=task.config[role].path,
+                                          dtype=dtype)
+    else:
+        path = jaxrubric.save_pretrained(model, out, dtype=dtype)
     task.tokenizer.save_pretrained(path)
-    print(f"exported the {role} of round {meta['round']} to {path}")
+    kind = "LoRA adapter" if adapter else "weights"
+    print(f"exported the {role}'s {kind} of round {meta['round']} to {path}")
     return path

@@ -104,10 +104,14 @@ def build_setup(method: str | core.Method, config: RoundConfig, tokenizer,
 
 
 def frozen_weights(models: Mapping[Role, Decoder]) -> Frozen:
-    """The verifier and both trained roles' KL references: copies of the models' weights."""
+    """The verifier and both trained roles' KL references: copies of the models' weights (a
+    LoRA role's reference is its base, held instead)."""
+    def reference(role: Role) -> nnx.State | None:
+        return None if models[role].config.lora is not None else params_copy(models[role])
     return Frozen(verifier=params_copy(models[Role.VERIFIER]),
-                  policy_ref=params_copy(models[Role.POLICY]),
-                  generator_ref=params_copy(models[Role.GENERATOR]))
+                  policy_ref=reference(Role.POLICY), generator_ref=reference(Role.GENERATOR),
+                  policy_base=core.base_weights(models[Role.POLICY]),
+                  generator_base=core.base_weights(models[Role.GENERATOR]))
 
 
 def device_batch(host: RoundBatch, mesh) -> RoundBatch:

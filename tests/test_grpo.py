@@ -435,15 +435,25 @@ def test_grpo_update_decreases_loss_and_first_step_is_the_gradient():
 
 
 @functools.cache
-def _decoder_update_case():
-    """A tiny decoder, 8 rollout rows after left-padded prompts, rewards and old log-probs."""
+def _decoder_update_case(lora: bool = False):
+    """A tiny decoder, 8 rollout rows after left-padded prompts, rewards and old log-probs.
+    With `lora`: adapters with dropout on two projections (B drawn, so A has a gradient),
+    trained over the frozen base."""
     from flax import nnx
 
     import jaxrubric
+    from jaxrubric.methods import core
     from jaxrubric.methods.core import completion_logprobs
+    from jaxrubric.models.config import LoraConfig
 
-    model = jaxrubric.init_model(jaxrubric.tiny_config("qwen3", num_layers=1), seed=4)
-    graph, params = nnx.split(model, nnx.Param)
+    adapters = LoraConfig(rank=4, dropout=0.3, targets=("q_proj", "down_proj")) if lora else None
+    model = jaxrubric.init_model(jaxrubric.tiny_config("qwen3", num_layers=1, lora=adapters),
+                                 seed=4)
+    for i, (name, p) in enumerate(sorted(model.layers.items())):
+        if name.endswith("_lora_b"):
+            p[...] = 0.1 * jax.random.normal(jax.random.key(i), p.shape)
+    graph, params = nnx.graphdef(model), nnx.state(model, core.trainable(model))
+    base = core.base_weights(model)
     rng = np.random.default_rng(8)
     rows, width, length = 8, 4, 5
     prompt = jnp.asarray(rng.integers(3, 257, (rows, width)), jnp.int32)
@@ -455,22 +465,23 @@ def _decoder_update_case():
     sampler = completion_logprobs(model, prompt, prompt_mask, completion, 2)
     sampler_logp = sampler + jnp.asarray(rng.normal(0, 0.3, (rows, length)), jnp.float32)
     advantages = jnp.asarray(rng.normal(size=(rows, length)), jnp.float32)
-    return graph, params, (prompt, prompt_mask, completion, completion_mask, sampler_logp,
-                           advantages)
+    return graph, params, base, (prompt, prompt_mask, completion, completion_mask, sampler_logp,
+                                 advantages)
 
 
-def _decoder_update(aggregation, micro_batches, num_updates=2):
+def _decoder_update(aggregation, micro_batches, num_updates=2, lora=False):
     from jaxrubric.methods.core import RoleSpec, RoleState, RoundConfig, grpo_role_update
 
-    graph, params, batch = _decoder_update_case()
+    graph, params, base, batch = _decoder_update_case(lora)
     cfg = RoundConfig(aggregation=aggregation, num_updates=num_updates, logprob_chunk=2,
                       update_micro_batches=micro_batches)
     opt = optax.sgd(0.5)  # the parameters move by the gradients themselves
     spec = RoleSpec(graph, opt, beta=0.1, frozen=False)
-    # The reference is the initial weights, moved a little so the KL term is not zero.
-    ref = jax.tree.map(lambda p: p * 1.01, params)
-    update = jax.jit(lambda p, r: grpo_role_update(cfg, spec, RoleState(p, opt.init(p)), r,
-                                                   *batch))
+    # The reference is the initial weights, moved a little so the KL term is not zero (LoRA:
+    # the base, the adapters off).
+    ref = None if lora else jax.tree.map(lambda p: p * 1.01, params)
+    update = jax.jit(lambda p, r: grpo_role_update(cfg, spec, RoleState(p, opt.init(p)), base,
+                                                   r, *batch, jax.random.key(3)))
     return update(params, ref)
 
 
@@ -480,11 +491,12 @@ def test_micro_batched_update_equals_the_whole_batch():
     micro-batch. Token-mean only: its denominator (all tokens of the batch) is the one a
     per-micro-batch mean gets wrong; `test_micro_batching_is_exact` holds every aggregation
     mode's shares exact on the loss itself. The update returns its last step's metrics, so
-    the first step's are those of a one-step update."""
+    the first step's are those of a one-step update. With LoRA dropout, each row draws its
+    own mask, the same in a micro-batch as in the whole batch."""
     agg = "token-mean"
-    for num_updates in (1, 2):
-        want_state, want = _decoder_update(agg, 1, num_updates)
-        got_state, got = _decoder_update(agg, 4, num_updates)
+    for num_updates, lora in ((1, False), (2, False), (2, True)):
+        want_state, want = _decoder_update(agg, 1, num_updates, lora)
+        got_state, got = _decoder_update(agg, 4, num_updates, lora)
         for a, b in zip(jax.tree.leaves(want_state), jax.tree.leaves(got_state), strict=True):
             np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-6)
         assert set(got) == set(want)

@@ -29,6 +29,8 @@ SMALL = ["--config.round.response_tokens=8", "--config.rubric.max_items=2",
          "--config.optim.policy_lr=1e-3", "--config.optim.generator_lr=1e-3"]
 MEMORY_SAVING = ["--config.round.rollout_micro_batches=2", "--config.round.update_micro_batches=2",
                  *(f"--config.{role}.attention_chunk=8" for role in placement.ROLES)]
+LORA = [f"--config.{role}.lora.{key}={value}" for role in ("policy", "generator")
+        for key, value in (("rank", 4), ("dropout", 0.1), ("targets", "q_proj,v_proj,up_proj"))]
 UPDATE_RTOL = {Role.POLICY: 1e-3, Role.GENERATOR: 1e-2}  # as tests/test_mesh_equivalence.py
 STAGES = {"dynamic_rubric": 5, "genrubric": 5}  # rollout stages + both updates
 
@@ -109,12 +111,14 @@ def _rounds(config_name: str, placement_args: list[str], rounds: int = 2) -> dic
 @pytest.mark.slow
 @pytest.mark.parametrize("config_name, common, options, rounds", [
     ("tiny_dynamic_rubric.py", [], MEMORY_SAVING, 2),
-    # The GenRubric config freezes its answering policy: train it, so both updates are compared.
-    ("tiny_genrubric.py", ["--config.round.freeze_policy=false"], [], 1)],
-    ids=["dynamic_rubric-micro-batched-chunked", "genrubric"])
+    # The GenRubric config freezes its answering policy: train it, so both updates are compared;
+    # both roles through LoRA adapters (the base on each role's mesh, dropout keys per row).
+    ("tiny_genrubric.py", ["--config.round.freeze_policy=false", *LORA], [], 1)],
+    ids=["dynamic_rubric-micro-batched-chunked", "genrubric-lora"])
 def test_submesh_round_equals_the_colocated_round(config_name, common, options, rounds):
     """Two DynamicRubric rounds (the second starts from the state the first left on the
-    sub-meshes); one GenRubric round, whose stages differ, to keep the suite short."""
+    sub-meshes); one GenRubric round, whose stages differ, with LoRA roles, to keep the suite
+    short."""
     colocated = _rounds(config_name, common, rounds)
     split = _rounds(config_name, [*common, *SUBMESHES, *options], rounds)
     task = split["task"]

@@ -169,7 +169,8 @@ class RoundBatch(NamedTuple):
 
 
 class RoleState(NamedTuple):
-    """A trained role's parameters and optimiser state (None while the run freezes it)."""
+    """A trained role's trainable parameters (all of them, or its LoRA adapters only) and
+    optimiser state (None while the run freezes it)."""
 
     params: nnx.State
     opt_state: PyTree | None
@@ -190,11 +191,42 @@ class Frozen(NamedTuple):
     """Weights a round reads and never updates: arguments of the program, not constants."""
 
     verifier: nnx.State
-    policy_ref: nnx.State | None = None  # the KL reference, when policy_beta > 0
+    policy_ref: nnx.State | None = None  # the KL reference, when policy_beta > 0 (full FT)
     generator_ref: nnx.State | None = None  # likewise for the generator
+    # A LoRA role's base weights (in its compute dtype): the adapters' frozen part, and its KL
+    # reference too (the base with the adapters off), so no second copy is held.
+    policy_base: nnx.State | None = None
+    generator_base: nnx.State | None = None
 
     def reference(self, role: Role) -> nnx.State | None:
         return self.policy_ref if role == Role.POLICY else self.generator_ref
+
+    def base(self, role: Role) -> nnx.State | None:
+        return self.policy_base if role == Role.POLICY else self.generator_base
+
+
+def trainable(model: Decoder) -> type[nnx.Variable]:
+    """What a trained role learns: its LoRA adapters when it has them, else every weight."""
+    return nnx.LoRAParam if model.config.lora is not None else nnx.Param
+
+
+def base_weights(model: Decoder) -> nnx.State | None:
+    """A LoRA role's frozen base weights, in its compute dtype (the forward casts to it
+    anyway, so the outputs are the same; bf16 compute halves an fp32 base); None without
+    LoRA."""
+    if model.config.lora is None:
+        return None
+    compute = jnp.dtype(model.config.dtype)
+    return jax.tree.map(lambda x: x.astype(compute) if compute.itemsize < x.dtype.itemsize
+                        else x, nnx.state(model, nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam))))
+
+
+def role_weights(state: RoundState, frozen: Frozen, role: Role) -> nnx.State:
+    """Every weight of a trained role as the round runs it: base and adapters together for a
+    LoRA role (`nnx.merge(graph, ...)` builds the adapted model), else its parameters."""
+    params = state.role(role).params
+    base = frozen.base(role)
+    return params if base is None else nnx.merge_state(base, params)
 
 
 class RoundResult(NamedTuple):
@@ -284,7 +316,7 @@ def init_state(setup: RoundSetup, models: Models) -> RoundState:
     roles = {}
     replicated = {}
     for role in TRAINED:
-        params = nnx.state(models[role], nnx.Param)
+        params = nnx.state(models[role], trainable(models[role]))
         replicated[role] = NamedSharding(jax.tree.leaves(params)[0].sharding.mesh,
                                          PartitionSpec())
         opt_state = None if setup.roles[role].frozen else jax.tree.map(
@@ -297,40 +329,51 @@ def init_state(setup: RoundSetup, models: Models) -> RoundState:
 
 # ------------------------------------------------------------------------------ updates
 def completion_logprobs(model: Decoder, prompt: jax.Array, prompt_mask: jax.Array,
-                        completion: jax.Array, chunk_size: int, return_entropy: bool = False
+                        completion: jax.Array, chunk_size: int, return_entropy: bool = False,
+                        lora_drop_keys: jax.Array | None = None
                         ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Teacher-forced `log p(completion)` `[R, N]` after left-padded prompts `[R, P]` (and the
     per-token entropy of the model's distribution, `[R, N]`).
 
     Positions count real tokens, as in the sampler, so these equal the sampler's log-probs.
     The vocabulary projection runs in chunks (never `[R, N, V]` logits whole).
+    `lora_drop_keys [R]`: the adapters' dropout keys (training forwards only).
     """
     width = prompt.shape[1]
     tokens = jnp.concatenate([prompt, completion], axis=1)
     mask = jnp.concatenate([prompt_mask, jnp.ones_like(completion, bool)], axis=1)
-    hidden, _ = model.hidden_states(tokens, attention_mask=mask)
+    hidden, _ = model.hidden_states(tokens, attention_mask=mask, lora_drop_keys=lora_drop_keys)
     predicting = hidden[:, width - 1:-1]
     return grpo.token_logprobs_chunked(predicting, model.logits, completion,
                                        chunk_size=chunk_size, return_entropy=return_entropy)
 
 
 def grpo_role_update(cfg: RoundConfig, spec: RoleSpec, state: RoleState,
-                     ref_params: nnx.State | None, prompt: jax.Array, prompt_mask: jax.Array,
-                     completion: jax.Array, completion_mask: jax.Array,
-                     sampler_logp: jax.Array, advantages: jax.Array
+                     base: nnx.State | None, ref_params: nnx.State | None, prompt: jax.Array,
+                     prompt_mask: jax.Array, completion: jax.Array, completion_mask: jax.Array,
+                     sampler_logp: jax.Array, advantages: jax.Array, rng: jax.Array
                      ) -> tuple[RoleState, dict[str, jax.Array]]:
     """One GRPO update (mu optimiser steps) of a role on its own samples (rows `[R, ...]`).
 
     The rows go through the model in `cfg.update_micro_batches` micro-batches, the reference
     log-probs too; each micro-batch's loss is divided by the whole batch's totals, so the
     summed gradient is the whole batch's.
+
+    `base`: a LoRA role's frozen base weights (`state.params` are then its adapters, the only
+    thing differentiated and stepped); its KL reference is that base with the adapters off
+    (`ref_params` is None). `rng`: the adapters' dropout, a key per row (the same draw with or
+    without micro-batches; the mu steps of one round share it).
     """
     n, graph, beta = cfg.update_micro_batches, spec.graph, spec.beta
+    frozen_part = () if base is None else (base,)
     batch = {"prompt": prompt, "prompt_mask": prompt_mask, "completion": completion,
              "completion_mask": completion_mask, "sampler_logp": sampler_logp,
              "advantages": advantages}
+    if base is not None:  # LoRA (the model reads the keys only when its dropout is on)
+        batch["drop_keys"] = jax.random.split(rng, completion.shape[0])
     if beta > 0:
-        reference = nnx.merge(graph, ref_params)
+        reference = (nnx.merge(graph, ref_params) if base is None else
+                     nnx.merge(graph, base, jax.tree.map(jnp.zeros_like, state.params)))
         batch["ref_logp"] = jax.lax.stop_gradient(microbatch.map_rows(
             lambda b: completion_logprobs(reference, b["prompt"], b["prompt_mask"],
                                           b["completion"], cfg.logprob_chunk), batch, n))
@@ -338,9 +381,11 @@ def grpo_role_update(cfg: RoundConfig, spec: RoleSpec, state: RoleState,
                                                    max_len=completion.shape[1])
 
     def loss_fn(p, b):
-        logp, entropy = completion_logprobs(nnx.merge(graph, p), b["prompt"], b["prompt_mask"],
+        model = nnx.merge(graph, *frozen_part, p)
+        logp, entropy = completion_logprobs(model, b["prompt"], b["prompt_mask"],
                                             b["completion"], cfg.logprob_chunk,
-                                            return_entropy=True)
+                                            return_entropy=True,
+                                            lora_drop_keys=b.get("drop_keys"))
         return grpo.grpo_loss(
             logp, jax.lax.stop_gradient(b["sampler_logp"]), b["advantages"],
             b["completion_mask"], ref_logp=b.get("ref_logp"), beta=beta,
@@ -357,16 +402,18 @@ def grpo_role_update(cfg: RoundConfig, spec: RoleSpec, state: RoleState,
     return RoleState(params, opt_state), {**last, "skipped_updates": skipped}
 
 
-def role_update_stage(role: Role, setup: RoundSetup, state: RoleState,
+def role_update_stage(role: Role, setup: RoundSetup, state: RoleState, base: nnx.State | None,
                       ref_params: nnx.State | None, prompt: jax.Array, prompt_mask: jax.Array,
-                      samples: sampling.SampleResult, advantages: jax.Array
+                      samples: sampling.SampleResult, advantages: jax.Array, rng: jax.Array
                       ) -> tuple[RoleState, dict[str, jax.Array]]:
     """GRPO update of `role` on its samples `[B, S, L]`.
 
     `prompt`/`prompt_mask` are `[B, P]` (one prompt under all S samples) or `[B, S, P]` (a
-    prompt per sample); `advantages` are `[B, S]` or token-level `[B, S, L]`. Returns the
-    role's new state and its metrics, prefixed by the role.
+    prompt per sample); `advantages` are `[B, S]` or token-level `[B, S, L]`; `base` as in
+    `grpo_role_update`; `rng` the round's (this role's dropout stream is drawn from it).
+    Returns the role's new state and its metrics, prefixed by the role.
     """
+    rng = jax.random.fold_in(jax.random.fold_in(rng, _UPDATE_STREAM), TRAINED.index(role))
     b, s = samples.tokens.shape[:2]
     rows = b * s
     if prompt.ndim == 2:
@@ -375,11 +422,14 @@ def role_update_stage(role: Role, setup: RoundSetup, state: RoleState,
         prompt, prompt_mask = (x.reshape(rows, -1) for x in (prompt, prompt_mask))
     tokens = samples.tokens.reshape(rows, -1)
     state, metrics = grpo_role_update(
-        setup.config, setup.roles[role], state, ref_params, prompt, prompt_mask, tokens,
+        setup.config, setup.roles[role], state, base, ref_params, prompt, prompt_mask, tokens,
         jnp.arange(tokens.shape[1]) < samples.lengths.reshape(rows, 1),
-        samples.logprobs.reshape(rows, -1), advantages.reshape(rows, *advantages.shape[2:]))
+        samples.logprobs.reshape(rows, -1), advantages.reshape(rows, *advantages.shape[2:]), rng)
     return state, {f"{role}/{k}": v for k, v in metrics.items()}
 
+
+# The updates' random stream, apart from the ones the round's sampling stages draw from `rng`.
+_UPDATE_STREAM = 0x5EED
 
 # Stable stage objects: a sub-mesh placement compiles one program per stage object.
 UPDATE_STAGES = {role: functools.partial(role_update_stage, role) for role in TRAINED}
@@ -395,17 +445,18 @@ class UpdateInputs(NamedTuple):
 
 
 def update_roles(setup: RoundSetup, run: placement.Placement, state: RoundState,
-                 frozen: Frozen, inputs: Mapping[Role, UpdateInputs]
+                 frozen: Frozen, inputs: Mapping[Role, UpdateInputs], rng: jax.Array
                  ) -> tuple[RoundState, dict[str, jax.Array]]:
     """The round's GRPO updates of the roles this run trains, generator first. Returns the new
-    state (round counter advanced) and the updates' metrics."""
+    state (round counter advanced) and the updates' metrics. `rng`: the LoRA dropout's."""
     new = {role: state.role(role) for role in TRAINED}
     metrics: dict[str, jax.Array] = {}
     for role in TRAINED:
         if setup.roles[role].frozen:
             continue
         new[role], role_metrics = run(role, UPDATE_STAGES[role], state.role(role),
-                                      frozen.reference(role), *inputs[role], keep=1)
+                                      frozen.base(role), frozen.reference(role), *inputs[role],
+                                      rng, keep=1)
         metrics.update(role_metrics)
     return RoundState(new[Role.POLICY], new[Role.GENERATOR], state.round + 1), metrics
 

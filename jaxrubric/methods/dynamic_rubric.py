@@ -30,7 +30,7 @@ from jaxrubric.methods.core import (Anchors, Frozen, PolicyPrompt, Question, Rea
 from jaxrubric.rewards.dynamic_rubric import (dynamic_rubric_rewards, generator_advantages,
                                               preference_pairs)
 from jaxrubric.rl import grpo
-from jaxrubric.roles import Role
+from jaxrubric.roles import TRAINED, Role
 from jaxrubric.rubric import grammar as grammar_lib
 from jaxrubric.rubric import templates as tpl
 from jaxrubric.rubric.scores import dynamic_rubric_score
@@ -170,8 +170,9 @@ class Rollout(NamedTuple):
 def rollout(setup: RoundSetup, state: RoundState, frozen: Frozen, batch: RoundBatch,
             rng: jax.Array, run: placement.Placement) -> Rollout:
     """Stages 1-3: responses, rubrics, verdicts, scores and both roles' rewards."""
-    responses, text_len = run(Role.POLICY, respond_stage, state.policy.params, batch.policy, rng)
-    gen_input, rubrics, parsed = run(Role.GENERATOR, write_stage, state.generator.params,
+    weights = {role: core.role_weights(state, frozen, role) for role in TRAINED}
+    responses, text_len = run(Role.POLICY, respond_stage, weights[Role.POLICY], batch.policy, rng)
+    gen_input, rubrics, parsed = run(Role.GENERATOR, write_stage, weights[Role.GENERATOR],
                                      batch.question, responses, text_len, rng)
     judged = run(Role.VERIFIER, judge_stage, frozen.verifier, batch.question, batch.anchors,
                  responses, text_len, rubrics, parsed)
@@ -206,7 +207,7 @@ def dynamic_rubric_round(setup: RoundSetup, state: RoundState, frozen: Frozen,
                                      out.judged.generator_advantages),
         Role.POLICY: UpdateInputs(batch.policy.tokens, batch.policy.mask, out.responses,
                                   out.judged.policy_advantages),
-    })
+    }, rng)
     outputs = Outputs(out.responses.tokens, out.text_len, out.rubrics.tokens,
                       out.rubrics.lengths, out.judged.scores)
     return new_state, RoundResult({**out.judged.metrics, **update_metrics}, outputs)
@@ -330,7 +331,8 @@ class DynamicRubric(core.Method):
                                   core.question_row_bytes(dims) + core.anchor_row_bytes(dims)
                                   + responses),
                              Read(Role.GENERATOR, "rubrics, parsed", rubrics + parsed)),
-                "generator update": (Read(Role.VERIFIER, "advantages", 4 * g),),
+                "generator update": (Read(Role.VERIFIER, "advantages", 4 * g),
+                                     Read(Role.POLICY, "rng key", 0, 8)),
                 "policy update": (Read(Role.VERIFIER, "advantages", 4 * k),),
             })
 

@@ -228,9 +228,10 @@ def genrubric_round(setup: RoundSetup, state: RoundState, frozen: Frozen, batch:
     """
     run = run or placement.colocated(setup)
     question = batch.question
-    gen_input, rubrics, parsed = run(Role.GENERATOR, write_stage, state.generator.params,
-                                     question, rng)
-    induced = run(Role.POLICY, induce_stage, state.policy.params, question, rubrics, rng)
+    gen_input, rubrics, parsed = run(Role.GENERATOR, write_stage,
+                                     core.role_weights(state, frozen, Role.GENERATOR), question, rng)
+    induced = run(Role.POLICY, induce_stage, core.role_weights(state, frozen, Role.POLICY),
+                  question, rubrics, rng)
     judged = run(Role.VERIFIER, judge_stage, frozen.verifier, question, rubrics, parsed, induced)
     # 4. The generator learns from its rubric tokens with token-level advantages; the policy
     # from the induced responses, advantages over the G responses of a query.
@@ -239,7 +240,7 @@ def genrubric_round(setup: RoundSetup, state: RoundState, frozen: Frozen, batch:
                                      judged.credit.token_advantages),
         Role.POLICY: UpdateInputs(induced.prompt.tokens, induced.prompt.mask, induced.responses,
                                   judged.policy_advantages),
-    })
+    }, rng)
     credit = judged.credit
     outputs = Outputs(induced.responses.tokens, induced.text_len, rubrics.tokens,
                       rubrics.lengths, parsed.weights, credit.item_valid, credit.group_valid,
@@ -325,7 +326,8 @@ class GenRubric(core.Method):
                                   question + induced),
                              Read(Role.GENERATOR, "rubrics, parsed", rubrics + parsed)),
                 "generator update": (Read(Role.VERIFIER, "token advantages",
-                                          4 * g * dims.rubric),),
+                                          4 * g * dims.rubric),
+                                     Read(Role.POLICY, "rng key", 0, 8)),
                 "policy update": (Read(Role.VERIFIER, "advantages", 4 * g),),
             })
 

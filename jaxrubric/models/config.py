@@ -53,6 +53,38 @@ class RopeConfig:
     original_max_position_embeddings: int = 8192
 
 
+# The projections a LoRA adapter may target (Hugging Face names; `jaxrubric.models.lora`).
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraConfig:
+    """Rank, scale (`alpha / rank`), dropout on the adapter's input, and the projections adapted
+    (names as in Hugging Face: `q_proj`, ..., `down_proj`)."""
+
+    rank: int = 16
+    alpha: float = 32.0
+    dropout: float = 0.0
+    targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "targets", tuple(self.targets))
+        if self.rank < 1:
+            raise ConfigError(f"lora.rank must be >= 1, got {self.rank}")
+        if self.alpha <= 0:
+            raise ConfigError(f"lora.alpha must be > 0, got {self.alpha}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"lora.dropout must be in [0, 1), got {self.dropout}")
+        unknown = [t for t in self.targets if t not in LORA_TARGETS]
+        if unknown or not self.targets:
+            raise ConfigError(f"lora.targets {list(self.targets)}: choose one or more of "
+                              f"{list(LORA_TARGETS)}")
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """Shape and numerics of a Qwen3 / Llama 3 decoder.
@@ -64,6 +96,8 @@ class ModelConfig:
     `attention_chunk` > 0 computes attention over blocks of that many queries when a call has
     more queries than that, so one layer holds `[rows, heads, chunk, S]` scores instead of
     `[rows, heads, T, S]` (long prompts, tree rows); 0 keeps the single einsum.
+    `lora`: LoRA adapters beside the targeted projections' weights (None: none); `param_dtype`
+    is then the adapters' storage dtype (a LoRA role's frozen base is loaded in `dtype`).
     """
 
     model_type: Literal["qwen3", "llama"]
@@ -87,6 +121,7 @@ class ModelConfig:
     scan_layers: bool = True
     remat: str = "none"
     attention_chunk: int = 0
+    lora: LoraConfig | None = None  # adapters on some projections (jaxrubric.models.lora)
 
     def __post_init__(self) -> None:
         if self.model_type not in SUPPORTED_ARCHITECTURES:

@@ -22,6 +22,8 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from jaxrubric import sharding as shd
+from jaxrubric.models import adapters
+from jaxrubric.models import lora as lora_lib
 from jaxrubric.models.config import DTYPES, DTypeLike, ModelConfig, dtype_name
 from jaxrubric.models.transformer import Decoder, layer_param_names
 
@@ -287,7 +289,9 @@ def save_pretrained(model: Decoder, path: str | os.PathLike, *, dtype: DTypeLike
                     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> Path:
     """Writes `config.json` and safetensors (sharded above `max_shard_bytes`) that
     `transformers.AutoModelForCausalLM.from_pretrained` loads, in `dtype` (a name or a JAX /
-    NumPy dtype; default: the model's storage dtype). Only process 0 writes."""
+    NumPy dtype; default: the model's storage dtype). Only process 0 writes. LoRA adapters
+    are folded into their weights (`adapters.merged`): the checkpoint is a plain model."""
+    model = adapters.merged(model)
     cfg = model.config
     dtype = cfg.param_dtype if dtype is None else dtype_name(dtype)
     out = Path(path)
@@ -329,4 +333,46 @@ def save_pretrained(model: Decoder, path: str | os.PathLike, *, dtype: DTypeLike
         (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     hf_config = cfg.to_hf_dict(torch_dtype=dtype)
     (out / "config.json").write_text(json.dumps(hf_config, indent=2))
+    return out
+
+
+def peft_tensors(model: Decoder, np_dtype: np.dtype) -> Iterator[tuple[str, np.ndarray]]:
+    """(name, tensor) of the adapters as PEFT stores them for a `*ForCausalLM`: `lora_A.weight
+    [rank, in]`, `lora_B.weight [out, rank]` (torch Linear layout, flattened heads)."""
+    lora = model.config.lora
+    for name in lora.targets:
+        a = _host(model.layers[name + lora_lib.A_SUFFIX][...])
+        b = _host(model.layers[name + lora_lib.B_SUFFIX][...])
+        for layer in range(model.config.num_layers):
+            base = "base_model.model." + _hf_layer_name(name, layer).removesuffix(".weight")
+            yield f"{base}.lora_A.weight", np.ascontiguousarray(
+                a[layer].reshape(-1, lora.rank).T.astype(np_dtype))
+            yield f"{base}.lora_B.weight", np.ascontiguousarray(
+                b[layer].reshape(lora.rank, -1).T.astype(np_dtype))
+
+
+def save_peft_adapter(model: Decoder, path: str | Path, base_model: str, *,
+                      dtype: str | None = None) -> Path:
+    """Writes `adapter_config.json` + `adapter_model.safetensors`, the folder
+    `peft.PeftModel.from_pretrained(base, path)` loads onto the base checkpoint `base_model`."""
+    lora = model.config.lora
+    if lora is None:
+        raise ValueError("this model has no LoRA adapters to export (config.<role>.lora.rank "
+                         "is 0); export the merged weights instead")
+    out = Path(path)
+    if jax.process_index() != 0:
+        list(peft_tensors(model, np.float32))  # every process joins the gathers
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    dtype = dtype or model.config.param_dtype
+    save_file(dict(peft_tensors(model, NP_DTYPES[dtype])), str(out / "adapter_model.safetensors"),
+              metadata={"format": "pt"})
+    config = {
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model,
+        "r": lora.rank, "lora_alpha": lora.alpha, "lora_dropout": lora.dropout,
+        "target_modules": list(lora.targets), "bias": "none", "fan_in_fan_out": False,
+        "use_rslora": False, "use_dora": False, "inference_mode": True,
+        "init_lora_weights": True, "modules_to_save": None,
+    }
+    (out / "adapter_config.json").write_text(json.dumps(config, indent=2))
     return out

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxrubric.models import lora as lora_lib
 from jaxrubric.models.config import ModelConfig
 from jaxrubric.models.rope import apply_rope, inverse_frequencies, rope_tables
 
@@ -155,14 +156,17 @@ def _dense_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) 
     return out.reshape(b, kv, n // kv, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, n, d)
 
 
-def _layer(config: ModelConfig, p: dict, x, cos, sin, mask, kv_write):
-    """One pre-norm block. `kv_write(k, v) -> (k_all, v_all, cache_out)` splices in the cache."""
+def _layer(config: ModelConfig, p: dict, x, cos, sin, mask, kv_write, drop_key=None):
+    """One pre-norm block. `kv_write(k, v) -> (k_all, v_all, cache_out)` splices in the cache;
+    `drop_key [B]`: this layer's LoRA dropout keys, one per row (None: no dropout)."""
     dtype = jnp.dtype(config.dtype)
     w = {name: value.astype(dtype) for name, value in p.items()}
+
+    def proj(name, x):
+        return lora_lib.project(name, x, w, config.lora, drop_key)
+
     h = rms_norm(x, w["input_norm"], config.rms_norm_eps)
-    q = jnp.einsum("btd,dnh->btnh", h, w["q_proj"])
-    k = jnp.einsum("btd,dkh->btkh", h, w["k_proj"])
-    v = jnp.einsum("btd,dkh->btkh", h, w["v_proj"])
+    q, k, v = proj("q_proj", h), proj("k_proj", h), proj("v_proj", h)
     if config.qk_norm:
         q = rms_norm(q, w["q_norm"], config.rms_norm_eps)
         k = rms_norm(k, w["k_norm"], config.rms_norm_eps)
@@ -171,11 +175,9 @@ def _layer(config: ModelConfig, p: dict, x, cos, sin, mask, kv_write):
     v = v.transpose(0, 2, 1, 3)
     k_all, v_all, cache_out = kv_write(k, v)
     attn = attention(q, k_all, v_all, mask, config.attention_chunk)
-    x = x + jnp.einsum("btnh,nhd->btd", attn, w["o_proj"])
+    x = x + proj("o_proj", attn)
     h = rms_norm(x, w["post_attention_norm"], config.rms_norm_eps)
-    gate = jnp.einsum("btd,df->btf", h, w["gate_proj"])
-    up = jnp.einsum("btd,df->btf", h, w["up_proj"])
-    x = x + jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, w["down_proj"])
+    x = x + proj("down_proj", jax.nn.silu(proj("gate_proj", h)) * proj("up_proj", h))
     return x, cache_out
 
 
@@ -225,10 +227,15 @@ class Decoder(nnx.Module):
             head = init(rngs.params(), (vocab, config.hidden_size), pdtype).T
             head = head.at[:, config.vocab_size:].set(0)
             self.lm_head = nnx.Param(head, logical_axes=("embed", "vocab"))
+        # Drawn last, so the base weights of a seed are the same with and without adapters.
+        for name, adapter in adapter_params(config, rngs).items():
+            self.layers[name] = adapter
 
     # ----------------------------------------------------------------------- forward
-    def __call__(self, tokens, positions=None, attention_mask=None, segment_ids=None, cache=None):
-        hidden, new_cache = self.hidden_states(tokens, positions, attention_mask, segment_ids, cache)
+    def __call__(self, tokens, positions=None, attention_mask=None, segment_ids=None, cache=None,
+                 lora_drop_keys=None):
+        hidden, new_cache = self.hidden_states(tokens, positions, attention_mask, segment_ids, cache,
+                                               lora_drop_keys)
         logits = self.logits(hidden)
         return logits if cache is None else (logits, new_cache)
 
@@ -246,11 +253,12 @@ class Decoder(nnx.Module):
         return out
 
     def hidden_states(self, tokens, positions=None, attention_mask=None, segment_ids=None,
-                      cache=None):
+                      cache=None, lora_drop_keys=None):
         """The final-normed hidden states `[B, T, D]` and the updated cache (or None).
 
         Exposed so losses can project to the vocabulary in chunks instead of holding
-        `[B, T, V]` logits whole.
+        `[B, T, V]` logits whole. `lora_drop_keys [B]` (typed keys, one per row) turn on the
+        adapters' dropout (training only); each layer folds its index into them.
         """
         cfg = self.config
         dtype = jnp.dtype(cfg.dtype)
@@ -291,7 +299,10 @@ class Decoder(nnx.Module):
         cos, sin = rope_tables(positions, inverse_frequencies(cfg.rope, cfg.head_dim))
         x = self.embed[...].astype(dtype)[tokens]
 
-        def body(x, p, k_cache=None, v_cache=None):
+        def body(x, p, layer, k_cache=None, v_cache=None):
+            drop = None if lora_drop_keys is None else jax.vmap(
+                lambda key: jax.random.fold_in(key, layer))(lora_drop_keys)
+
             def kv_write(k, v):
                 if k_cache is None:
                     return k, v, None
@@ -300,21 +311,22 @@ class Decoder(nnx.Module):
                 v_all = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype),
                                                      (0, 0, offset, 0))
                 return k_all.astype(dtype), v_all.astype(dtype), (k_all, v_all)
-            return _layer(cfg, p, x, cos, sin, mask, kv_write)
+            return _layer(cfg, p, x, cos, sin, mask, kv_write, drop)
 
         if cfg.remat != "none":
             body = jax.checkpoint(body, policy=_REMAT[cfg.remat])
 
         if cache is None and cfg.scan_layers and not isinstance(self.layers, nnx.List):
-            x, _ = jax.lax.scan(lambda x, p: (body(x, p)[0], None), x,
-                                {name: p[...] for name, p in self.layers.items()})
+            x, _ = jax.lax.scan(lambda x, xs: (body(x, *xs)[0], None), x,
+                                ({name: p[...] for name, p in self.layers.items()},
+                                 jnp.arange(cfg.num_layers)))
             new_kv = None
         else:
             # Unrolled: always with a cache, whose per-layer arrays are updated in place.
             new_kv = []
             for i in range(cfg.num_layers):
                 kv = () if cache is None else (cache.k[i], cache.v[i])
-                x, out = body(x, self._layer_weights(i), *kv)
+                x, out = body(x, self._layer_weights(i), i, *kv)
                 new_kv.append(out)
 
         hidden = rms_norm(x, self.final_norm[...], cfg.rms_norm_eps)
@@ -337,11 +349,30 @@ class Decoder(nnx.Module):
         graphdef, state = nnx.split(self)
         view = nnx.merge(graphdef, state)
         view.layers = nnx.List([
-            nnx.Dict({name: nnx.Param(p[...][i], logical_axes=p.get_metadata()["logical_axes"][1:])
+            nnx.Dict({name: type(p)(p[...][i], logical_axes=p.get_metadata()["logical_axes"][1:])
                       for name, p in self.layers.items()})
             for i in range(self.config.num_layers)
         ])
         return view
+
+
+def adapter_params(config: ModelConfig, rngs: nnx.Rngs) -> dict[str, nnx.LoRAParam]:
+    """The LoRA adapters `config.lora` asks for, stacked along `layers` (A drawn, B zero), in
+    the storage dtype: `{q_proj_lora_a: ..., q_proj_lora_b: ..., ...}` (none without LoRA)."""
+    lora = config.lora
+    if lora is None:
+        return {}
+    pdtype = jnp.dtype(config.param_dtype)
+    out = {}
+    for name in lora.targets:
+        shape_fn, axes = _LAYER_PARAMS[name]
+        (a_shape, a_axes), (b_shape, b_axes) = lora_lib.adapter_shapes(
+            name, (config.num_layers, *shape_fn(config)), ("layers", *axes), lora.rank)
+        out[name + lora_lib.A_SUFFIX] = nnx.LoRAParam(
+            lora_lib.init_a(rngs.params(), a_shape, pdtype), logical_axes=a_axes)
+        out[name + lora_lib.B_SUFFIX] = nnx.LoRAParam(jnp.zeros(b_shape, pdtype),
+                                                      logical_axes=b_axes)
+    return out
 
 
 def _zero_padded_rows(embed: jax.Array, config: ModelConfig) -> jax.Array:

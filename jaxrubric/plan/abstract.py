@@ -27,9 +27,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrubric import placement
 from jaxrubric import sharding as shd
-from jaxrubric.config import round_config
+from jaxrubric.config import role_lora, round_config
 from jaxrubric.methods import core, get_method
-from jaxrubric.models.config import ModelConfig
+from jaxrubric.models.config import LoraConfig, ModelConfig
 from jaxrubric.models.hf import load_tokenizer
 from jaxrubric.models.transformer import Decoder
 from jaxrubric.plan.errors import PlanError
@@ -73,15 +73,24 @@ def role_meshes_on(config: ml_collections.ConfigDict, devices: Sequence[jax.Devi
         raise PlanError(str(err)) from err
 
 
-def abstract_model(role: ml_collections.ConfigDict, tokenizer: Any, mesh: Mesh, source: str
-                   ) -> tuple[Decoder, nnx.State]:
-    """A role's `Decoder` as shapes (`nnx.eval_shape`) and its parameters as
-    `ShapeDtypeStruct`s placed by the training rules (`sharding.state_shardings`)."""
-    model_config, _ = role_model_config(role, tokenizer, mesh, source)
+def abstract_model(role: ml_collections.ConfigDict, tokenizer: Any, mesh: Mesh, source: str,
+                   lora: LoraConfig | None = None
+                   ) -> tuple[Decoder, nnx.State, nnx.State | None]:
+    """A role's `Decoder` as shapes (`nnx.eval_shape`), its trained parameters as
+    `ShapeDtypeStruct`s placed by the training rules (`sharding.state_shardings`), and with
+    `lora` its frozen base in the compute dtype (`core.base_weights`), else None."""
+    model_config, _ = role_model_config(role, tokenizer, mesh, source, lora)
     model = nnx.eval_shape(lambda: Decoder(model_config, rngs=nnx.Rngs(0)))
-    params = nnx.state(model, nnx.Param)
-    placed = shd.state_shardings(params, mesh)
-    return model, jax.tree.map(lambda v, s: _sds(v.shape, v.dtype, s), params, placed)
+
+    def placed(variables: Any, dtype: Any = None) -> nnx.State:
+        state = nnx.state(model, variables)
+        return jax.tree.map(lambda v, s: _sds(v.shape, dtype or v.dtype, s), state,
+                            shd.state_shardings(state, mesh))
+
+    if lora is None:
+        return model, placed(nnx.Param), None
+    return (model, placed(nnx.LoRAParam),
+            placed(nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam)), model_config.dtype))
 
 
 def optimizer_state(optimizer: Any, params: nnx.State, mesh: Mesh) -> Any:
@@ -144,9 +153,11 @@ def abstract_round(config: ml_collections.ConfigDict, devices: Sequence[jax.Devi
     meshes = role_meshes_on(config, devices)
     tokenizer, note = _tokenizer(config)
     source = tokenizer_source(config)
-    models, params = {}, {}
+    models, params, bases = {}, {}, {}
     for role in ROLES:
-        models[role], params[role] = abstract_model(config[role], tokenizer, meshes[role], source)
+        lora = role_lora(config, role) if role in TRAINED else None
+        models[role], params[role], bases[role] = abstract_model(config[role], tokenizer,
+                                                                 meshes[role], source, lora)
     rc = round_config(config)
     setup = method.build_setup(
         rc, tokenizer, models, optimizers={r: make_optimizer(config, r) for r in TRAINED},
@@ -166,10 +177,11 @@ def abstract_round(config: ml_collections.ConfigDict, devices: Sequence[jax.Devi
     replicated = NamedSharding(policy_mesh, PartitionSpec())
     state = core.RoundState(roles[Role.POLICY], roles[Role.GENERATOR],
                             _sds((), jnp.int32, replicated))
-    refs = {r: reference(params[r], config[r].dtype) if rc.needs_reference(r) else None
-            for r in TRAINED}
+    refs = {r: reference(params[r], config[r].dtype)
+            if rc.needs_reference(r) and bases[r] is None else None for r in TRAINED}
     frozen = core.Frozen(verifier=params[Role.VERIFIER], policy_ref=refs[Role.POLICY],
-                         generator_ref=refs[Role.GENERATOR])
+                         generator_ref=refs[Role.GENERATOR], policy_base=bases[Role.POLICY],
+                         generator_base=bases[Role.GENERATOR])
     rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated)
     return AbstractRound(method, setup, meshes, state, frozen,
                          abstract_batch(config, tokenizer, policy_mesh), rng,

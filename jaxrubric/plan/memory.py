@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 import ml_collections
 
 from jaxrubric import sharding as shd
-from jaxrubric.config import round_config
+from jaxrubric.config import role_lora, round_config
 from jaxrubric.methods import core, get_method
 from jaxrubric.methods.core import RoundConfig, RoundDims, RoundShapes
 from jaxrubric.plan.errors import PlanError
@@ -35,12 +35,20 @@ def state_items(config: ml_collections.ConfigDict, params: Mapping[Role, RolePar
     the policy's mesh the batch; colocated, exactly the compiled round's arguments."""
     rc = round_config(config)
     trained = [r for r in ROLES if r in TRAINED and r in roles]
-    items = [(f"{r} params ({params[r].config.param_dtype})", params[r].bytes) for r in trained]
+    items = []
+    for r in trained:
+        p = params[r]
+        if p.config.lora is None:
+            items.append((f"{r} params ({p.config.param_dtype})", p.bytes))
+        else:
+            items += [(f"{r} base, frozen ({p.config.dtype})", p.base_bytes),
+                      (f"{r} LoRA adapters, rank {p.config.lora.rank} ({p.config.param_dtype})",
+                       p.bytes)]
     if trained:
         items.append((f"AdamW state, {'both roles' if len(trained) == 2 else trained[0]}",
                       sum(optimizer_bytes(config, r, params[r]) for r in trained)))
     items += [(f"{r} reference ({params[r].reference_dtype})", params[r].reference_bytes)
-              for r in trained if rc.needs_reference(r)]
+              for r in trained if rc.needs_reference(r) and params[r].config.lora is None]
     if Role.VERIFIER in roles:
         items.append((f"verifier params ({params[Role.VERIFIER].config.param_dtype})",
                       params[Role.VERIFIER].bytes))
@@ -167,7 +175,9 @@ def plan_memory(config: ml_collections.ConfigDict, device_memory: int, *, headro
     params = {}
     for role in ROLES:  # each role's model is built for its own mesh (vocabulary padding)
         mesh = abstract_mesh(meshes[role][0])
-        params[role] = role_params(*role_model_config(config[role], tokenizer, mesh, source), mesh)
+        lora = role_lora(config, role) if role in TRAINED else None
+        params[role] = role_params(*role_model_config(config[role], tokenizer, mesh, source, lora),
+                                   mesh)
     dims, shapes = round_shapes(config, get_method(config.method), tokenizer)
     loc = {role: Local.of(params[role], meshes[role][0]["tensor"]) for role in ROLES}
     usable = int(device_memory * (1 - headroom))
@@ -185,6 +195,8 @@ def plan_memory(config: ml_collections.ConfigDict, device_memory: int, *, headro
     plan = {
         "method": config.method,
         "models": {r: {"source": params[r].source, "parameters": params[r].count,
+                       "trained_parameters": params[r].trained_count if r in TRAINED else 0,
+                       "lora_rank": params[r].config.lora.rank if params[r].config.lora else 0,
                        "dtype": params[r].config.dtype,
                        "param_dtype": params[r].config.param_dtype} for r in ROLES},
         "lengths": {"rubric": dims.rubric,

@@ -20,7 +20,7 @@ from huggingface_hub import try_to_load_from_cache
 from jax.sharding import AbstractMesh
 
 from jaxrubric import sharding as shd
-from jaxrubric.models.config import ModelConfig, tiny_config
+from jaxrubric.models.config import LoraConfig, ModelConfig, tiny_config
 from jaxrubric.models.hf import load_tokenizer, read_config_json
 from jaxrubric.models.transformer import Decoder
 from jaxrubric.plan.errors import PlanError
@@ -30,6 +30,13 @@ from jaxrubric.train import make_optimizer
 # The config.json fields of hub checkpoints the recipes name, for planning offline (no
 # download, no cache): only what `ModelConfig.from_hf_dict` reads.
 KNOWN_ARCHITECTURES: dict[str, dict[str, Any]] = {
+    "Qwen/Qwen3-0.6B": {
+        "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 1024,
+        "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16,
+        "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
+        "tie_word_embeddings": True, "max_position_embeddings": 40960,
+        "bos_token_id": 151643, "eos_token_id": 151645,
+    },
     "Qwen/Qwen3-8B": {
         "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 4096,
         "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32,
@@ -89,11 +96,14 @@ def hf_config(path: str) -> tuple[dict[str, Any], str]:
 
 
 def role_model_config(role: ml_collections.ConfigDict, tokenizer: Any, mesh: AbstractMesh,
-                      config_tokenizer: str = "") -> tuple[ModelConfig, str]:
-    """The `ModelConfig` the trainer builds for a role (see `train._role_model`), and its
-    source; an empty path is the tiny random Qwen3 over the tokenizer's vocabulary."""
+                      config_tokenizer: str = "", lora: LoraConfig | None = None
+                      ) -> tuple[ModelConfig, str]:
+    """The `ModelConfig` the trainer builds for a role (see `train._role_model`: with `lora`,
+    adapters in `param_dtype` over a base held in the compute dtype), and its source; an
+    empty path is the tiny random Qwen3 over the tokenizer's vocabulary."""
     common = dict(dtype=role.dtype, param_dtype=role.param_dtype, remat=role.remat,
-                  attention_chunk=role.attention_chunk, vocab_multiple=shd.vocab_multiple(mesh))
+                  attention_chunk=role.attention_chunk, vocab_multiple=shd.vocab_multiple(mesh),
+                  lora=lora)
     if role.path:
         hf, source = hf_config(role.path)
         return ModelConfig.from_hf_dict(hf, source=source, **common), source
@@ -121,17 +131,25 @@ def tree_bytes(tree: Any) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class RoleParams:
-    """A role's parameters: model config, global counts, and this device's shards."""
+    """A role's parameters: model config, global counts, and this device's shards: the
+    trained ones (all of them, or a LoRA role's adapters) and a LoRA role's frozen base."""
 
     config: ModelConfig
     source: str
-    count: int
+    count: int  # every parameter, adapters included
+    trained_count: int  # the parameters that train: a LoRA role's adapters only
     layer_count: int  # parameters of one layer
-    shards: list[jax.ShapeDtypeStruct]
+    shards: list[jax.ShapeDtypeStruct]  # what trains (and what the optimiser holds)
+    base_shards: list[jax.ShapeDtypeStruct] = dataclasses.field(default_factory=list)
 
     @property
     def bytes(self) -> int:
         return tree_bytes(self.shards)
+
+    @property
+    def base_bytes(self) -> int:
+        return tree_bytes(self.base_shards)
+
 
     @property
     def reference_dtype(self) -> str:
@@ -146,17 +164,23 @@ class RoleParams:
 
 
 def role_params(model_config: ModelConfig, source: str, mesh: AbstractMesh) -> RoleParams:
-    """Shapes from `nnx.eval_shape` of the real model, sharded by the training rules."""
+    """Shapes from `nnx.eval_shape` of the real model, sharded by the training rules; a LoRA
+    role's base in its compute dtype (`core.base_weights`)."""
     abstract = nnx.eval_shape(lambda: Decoder(model_config, rngs=nnx.Rngs(0)))
-    shards, count, layer_count = [], 0, 0
+    lora = model_config.lora is not None
+    shards, base, count, trained, layer_count = [], [], 0, 0, 0
     for _, var in nnx.to_flat_state(nnx.state(abstract, nnx.Param)):
         axes = var.get_metadata()["logical_axes"]
         spec = shd.logical_to_spec(axes, var.shape, mesh)
-        shards.append(jax.ShapeDtypeStruct(shard_shape(var.shape, spec, mesh.shape), var.dtype))
+        adapter = isinstance(var, nnx.LoRAParam)
+        dtype = model_config.dtype if lora and not adapter else var.dtype
+        shard = jax.ShapeDtypeStruct(shard_shape(var.shape, spec, mesh.shape), dtype)
+        (base if lora and not adapter else shards).append(shard)
         count += math.prod(var.shape)
+        trained += math.prod(var.shape) if adapter or not lora else 0
         if axes[0] == "layers":
             layer_count += math.prod(var.shape[1:])
-    return RoleParams(model_config, source, count, layer_count, shards)
+    return RoleParams(model_config, source, count, trained, layer_count, shards, base)
 
 
 def optimizer_bytes(config: ml_collections.ConfigDict, role: Role, params: RoleParams) -> int:

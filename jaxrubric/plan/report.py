@@ -47,8 +47,11 @@ def format_plan(plan: dict[str, Any], title: str = "") -> str:
                      else f"mesh {shape(plan['mesh'])} = {plan['devices']} devices, batch split "
                           f"{plan['batch_ways']} ways")]
     for role, m in plan["models"].items():
+        weights = (f"{m['param_dtype']} weights" if not m.get("lora_rank") else
+                   f"{m['dtype']} base + rank-{m['lora_rank']} {m['param_dtype']} LoRA adapters "
+                   f"({m['trained_parameters']:,} trained)")
         lines.append(f"  {role:<10} {m['source']}: {m['parameters']:,} parameters, "
-                     f"{m['param_dtype']} weights, {m['dtype']} compute")
+                     f"{weights}, {m['dtype']} compute")
     lines += [f"  note: {note}" for note in plan["notes"]]
 
     def table(section: dict[str, Any]) -> list[str]:
