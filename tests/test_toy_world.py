@@ -67,11 +67,21 @@ def test_toy_world_quality_rises_and_the_notebook_runs(tmp_path, monkeypatch):
     nbclient = pytest.importorskip("nbclient")
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     parameters = next(c for c in notebook.cells if "parameters" in c.metadata.get("tags", []))
+    real_workdir = tmp_path / "real"
     parameters.source = (f"JAXRUBRIC_SOURCE = {str(NOTEBOOK.parent.parent)!r}\n"
-                         f"WORKDIR = {str(workdir)!r}\nSHORT = {_short_overrides()!r}")
+                         f"WORKDIR = {str(workdir)!r}\nSHORT = {_short_overrides()!r}\n"
+                         "RUN_REAL_MODEL = True\nRECIPE = ''\n"
+                         f"REAL_WORKDIR = {str(real_workdir)!r}\nREAL_ROUNDS = 1\n"
+                         "DEVICE_MEMORY = '15GiB'")
     monkeypatch.setenv("XLA_FLAGS", _one_device_env()["XLA_FLAGS"])  # the kernel inherits it
+    # The real-model part checks the hub first (unreachable here); where it is reachable, JAX
+    # on the CPU makes it skip all the same, so a test never downloads Qwen3-0.6B.
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
     nbclient.NotebookClient(notebook, timeout=600, kernel_name="python3",
                             resources={"metadata": {"path": str(tmp_path)}}).execute()
     outputs = [o for c in notebook.cells if c.cell_type == "code" for o in c.outputs]
     assert any("image/png" in o.get("data", {}) for o in outputs)
+    printed = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
+    skips = [line for line in printed.splitlines() if line.startswith("Skipping the real model: ")]
+    assert len(skips) == 1 and not real_workdir.exists(), printed
     assert json.loads((workdir / "summary.json").read_text())["coevolve"] == quality
