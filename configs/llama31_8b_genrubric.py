@@ -1,11 +1,22 @@
 """GenRubric recipe on Llama-3.1-8B-Instruct (policy, rubric generator and verifier).
 
 G = 4 signed rubric groups per query, beta = 0.01, AdamW lr 1e-6 (policy) / 5e-6
-(generator); the settings live in `jaxrubric.config.paper_recipe`. Checkpoints are HF
-folders or hub ids; the data is Nectar (`{prompt, answers: [{answer, rank}]}`), by hub name or a local JSONL/parquet copy:
+(generator); the settings live in `jaxrubric.config.paper_recipe`.
 
+SFT, then RL, as the paper trains the generator. First a supervised cold start of the
+generator (`jaxrubric sft`) on rubrics: `{prompt, completion}` rows whose completion is a
+rubric in the grammar, or HealthBench-schema rows, whose expert rubric becomes the completion;
+its rate is `config.optim.generator_lr` unless `--lr` sets it, and it writes an HF folder.
+Then GenRubric RL with the generator started from that folder. Checkpoints are HF folders or
+hub ids; the RL data is Nectar (`{prompt, answers: [{answer, rank}]}`, of which GenRubric
+reads the prompts), by hub name or a local JSONL/parquet copy:
+
+    jaxrubric sft --config configs/llama31_8b_genrubric.py --data /data/rubrics.jsonl \
+        --workdir /ckpt/sft --config.tokenizer=/ckpt/Llama-3.1-8B-Instruct \
+        --config.generator.path=/ckpt/Llama-3.1-8B-Instruct
     jaxrubric train --config configs/llama31_8b_genrubric.py --workdir gs://BUCKET/run \
-        --config.policy.path=/ckpt/Llama-3.1-8B-Instruct --config.generator.path=/ckpt/Llama-3.1-8B-Instruct \
+        --config.policy.path=/ckpt/Llama-3.1-8B-Instruct \
+        --config.generator.path=/ckpt/sft/generator \
         --config.verifier.path=/ckpt/Llama-3.1-8B-Instruct --config.data.train=/data/nectar.parquet
 """
 

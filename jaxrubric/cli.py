@@ -231,6 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "adapter_model.safetensors) instead of merged weights")
     export.set_defaults(func=_export)
 
+    from jaxrubric import sft_command
+    sft_command.add_parser(sub)
     from jaxrubric.eval import evaluate as evaluate_command
     evaluate_command.add_parser(sub)
     from jaxrubric import plan as plan_command

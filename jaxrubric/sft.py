@@ -252,7 +252,8 @@ def _put(x: Array, sharding: Sharding) -> Array:
 
 def train_sft(model: Decoder, optimizer: optax.GradientTransformation,
               batches: Iterable[SFTBatch], *, steps: int, log_every: int = 10,
-              progress: bool = True, chunk_size: int = 64
+              progress: bool = True, chunk_size: int = 64,
+              on_log: Callable[[dict[str, float]], None] | None = None
               ) -> tuple[nnx.State, list[dict[str, float]]]:
     """Trains `model` for `steps` batches; returns `(params, history)`.
 
@@ -265,8 +266,9 @@ def train_sft(model: Decoder, optimizer: optax.GradientTransformation,
     Batches are placed on the parameters' mesh (`place_batch`); a sharded model is trained
     sharded. Metrics are read back every `log_every` steps and at the last step only (reading
     every step would stall the device queue); `history` holds those, each with its `step`
-    (1-based). A tqdm bar shows the loss on process 0 when `progress`. Fewer than `steps`
-    batches raises ValueError.
+    (1-based), and each is also handed to `on_log` as it is read (live TensorBoard curves).
+    A tqdm bar shows the loss on process 0 when `progress`. Fewer than `steps` batches raises
+    ValueError.
     """
     if steps < 1 or log_every < 1:
         raise ValueError(f"steps and log_every must be >= 1, got {steps} and {log_every}")
@@ -284,6 +286,8 @@ def train_sft(model: Decoder, optimizer: optax.GradientTransformation,
                 done += 1
                 if done % log_every == 0 or done == steps:
                     history.append({"step": done, **{k: float(v) for k, v in metrics.items()}})
+                    if on_log is not None:
+                        on_log(history[-1])
                     bar.set_postfix(loss=f"{history[-1]['loss']:.4f}", refresh=False)
                 bar.update(1)
     finally:

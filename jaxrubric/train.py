@@ -43,7 +43,7 @@ def make_optimizer(config: ml_collections.ConfigDict, role: Role) -> optax.Gradi
     )
 
 
-def _role_model(role: ml_collections.ConfigDict, vocab_size: int, tokenizer: Any,
+def role_model(role: ml_collections.ConfigDict, vocab_size: int, tokenizer: Any,
                 mesh, lora: LoraConfig | None = None) -> Decoder:
     """An HF checkpoint from `role.path`, or (empty path) a tiny random Qwen3 over the vocab.
 
@@ -133,7 +133,7 @@ class CoevolveTask:
                 raise ValueError(f"{config.data.eval}: {len(self.eval_records)} rows, the "
                                  f"held-out batch needs {size}")
             self.eval_records = self.eval_records[:size]
-        models = {role: _role_model(config[role], len(self.tokenizer), self.tokenizer,
+        models = {role: role_model(config[role], len(self.tokenizer), self.tokenizer,
                                     self.meshes[role],
                                     role_lora(config, role) if role in TRAINED else None)
                   for role in ROLES}

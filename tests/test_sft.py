@@ -194,11 +194,14 @@ def sharded_run() -> dict:
     batch = sft.encode_examples(None, prompts, targets, max_len=12, pad_id=PAD,
                                 loss_weight=WEIGHTS)
     optimizer = optax.chain(keep_gradient(), optax.adam(1e-2))
+    logged = []
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(sft, "make_sft_step", recording_make_sft_step)
         params, history = sft.train_sft(model, optimizer, iter([batch] * 100), steps=100,
-                                        log_every=50, progress=False, chunk_size=4)
-    return {**seen, "model": model, "trained": params, "history": history, "batch": batch}
+                                        log_every=50, progress=False, chunk_size=4,
+                                        on_log=logged.append)
+    return {**seen, "model": model, "trained": params, "history": history, "batch": batch,
+            "logged": logged}
 
 
 def test_first_step_matches_single_device_full_logit_references(sharded_run):
@@ -238,6 +241,7 @@ def test_training_compiles_once_keeps_shardings_and_updates_the_model(sharded_ru
 def test_tiny_model_memorises_sequences(sharded_run):
     history = sharded_run["history"]
     assert [h["step"] for h in history] == [50, 100]
+    assert sharded_run["logged"] == history  # handed to on_log as each was read
     assert history[-1]["loss"] < 0.01 and history[-1]["accuracy"] == 1.0
     assert sharded_run["metrics"]["loss"] > 1.0
     prompts, targets = map(list, zip(*SEQUENCES))

@@ -248,12 +248,13 @@ class Judge:
 
 
 def verdict_rows(query_id: str, num_responses: int, groups: Sequence[Sequence[Item]],
-                 rubric_names: Sequence[Any], out: Mapping[str, np.ndarray], b: int
+                 labels: Sequence[Mapping[str, Any]], out: Mapping[str, np.ndarray], b: int
                  ) -> list[dict[str, Any]]:
-    """``verdicts.jsonl`` rows of query ``b`` of a judged batch: one per (response, item)."""
-    return [{"id": query_id, "response": k, "rubric": name, "item": m, "weight": it.weight,
+    """``verdicts.jsonl`` rows of query ``b`` of a judged batch: one per (response, item),
+    each carrying its group's ``labels[g]`` (which rubric it is, e.g. ``{"rubric": 2}``)."""
+    return [{"id": query_id, "response": k, **label, "item": m, "weight": it.weight,
              "p_yes": float(out["p_yes"][b, k, g, m]), "verdict": bool(out["verdicts"][b, k, g, m])}
-            for g, (name, items) in enumerate(zip(rubric_names, groups))
+            for g, (label, items) in enumerate(zip(labels, groups))
             for k in range(num_responses) for m, it in enumerate(items)]
 
 

@@ -1,7 +1,9 @@
 """`jaxrubric evaluate`: judge responses under rubrics with an LLM verifier, one method each.
 
-- ``--method genrubric`` (default): rubrics written from the query alone, or the experts', on
-  HealthBench rows (`jaxrubric.eval.genrubric`);
+- ``--method genrubric`` (default): rubrics written from the query alone (``--runs`` samples
+  per query), or the experts', on HealthBench rows, with agreement, per-tag and clipped
+  HealthBench scores as the GenRubric paper and HealthBench report them
+  (`jaxrubric.eval.genrubric`);
 - ``--method dynamic_rubric``: G rubrics written for the prompt and its candidate set, scored
   against preference data by pairwise accuracy and listwise agreement
   (`jaxrubric.eval.preference`).
@@ -67,6 +69,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--rubrics", choices=RUBRIC_SOURCES, default=None,
                    help="genrubric only: generated (default) or the data set's expert rubric")
+    p.add_argument("--runs", type=_positive_int, default=None,
+                   help="genrubric only: rubric-generation runs per query (default 1); the "
+                        "agreement metrics are computed per query and run, averaged over runs, "
+                        "then over queries (needs --temperature > 0 for more than one)")
+    p.add_argument("--top-k", type=_positive_int, default=None,
+                   help="genrubric only: also report agreement on each query's K responses "
+                        "the expert rubric scores highest (the paper's high-quality subset: 3)")
     p.add_argument("--num-rubrics", type=_positive_int, default=None,
                    help=f"dynamic_rubric only: rubrics written per candidate set (G, default "
                         f"{PreferenceConfig().num_rubrics})")
@@ -92,7 +101,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=_positive_int, default=defaults.batch_size,
                    help="queries (candidate sets) per batch")
     p.add_argument("--seed", type=int, default=defaults.seed,
-                   help="rubric sampling and the order candidates are shown in")
+                   help="rubric sampling, the order candidates are shown in and the bootstrap "
+                        "resamples")
     p.add_argument("--temperature", type=float, default=defaults.temperature,
                    help="rubric sampling temperature (0: greedy)")
     p.add_argument("--dtype", choices=DTYPES, default=None,
@@ -139,7 +149,8 @@ class _Method:
 
 
 def _load_genrubric(args: argparse.Namespace) -> tuple[CommonConfig, Any]:
-    return (EvalConfig(rubrics=args.rubrics or "generated", **_common(args)),
+    return (EvalConfig(rubrics=args.rubrics or "generated", runs=args.runs or 1,
+                       top_k=args.top_k, **_common(args)),
             load_healthbench(args.data, skip_bad_rows=args.skip_bad_rows, split=args.split))
 
 
@@ -165,7 +176,8 @@ def _preference(loaded, config, verifier, verifier_tokenizer, generator, generat
 
 METHODS = {
     "genrubric": _Method(
-        flags=("rubrics",), generates=lambda args: args.rubrics in (None, "generated"),
+        flags=("rubrics", "runs", "top_k"),
+        generates=lambda args: args.rubrics in (None, "generated"),
         generator_reason="--rubrics generated", load=_load_genrubric,
         empty=lambda loaded: not any(r.responses for r in loaded.records),
         evaluate=_genrubric, format=format_metrics, unit="rows"),

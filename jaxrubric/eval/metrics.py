@@ -11,6 +11,13 @@ Ties. Spearman and Kendall use exact equality, as ``scipy.stats`` does. The deci
 float32, so distinct scores differ by far more than 1e-6 while rounding noise between two
 equal scores is far less, and a tie must not be decided by that noise.
 
+With several rubric-generation runs per query, ``agreement_over_runs`` averages each metric
+over a query's runs before averaging over queries, with invalid rubrics left out or counted as
+failures. HealthBench's own aggregates are here too (``healthbench_score``,
+``healthbench_tag_scores``, ``healthbench_aggregate``: per-tag scores and the mean clipped to
+[0, 1], as its reference scorer reports them), with standard errors by a seeded bootstrap over
+queries (``bootstrap_se``).
+
 Inputs must be finite; a NaN or infinity raises ``ValueError``.
 """
 
@@ -165,6 +172,24 @@ def aggregate(per_query_values: Sequence[float | None]) -> dict[str, float | int
     }
 
 
+AGREEMENT_METRICS = ("spearman", "kendall_tau_b", "top1_consistency", "pairwise_accuracy")
+# What an invalid generated rubric scores on every agreement metric when invalid rubrics count
+# as failures: no correlation, no top-1 or pairwise agreement.
+FAILURE = 0.0
+# Resamples of a bootstrap standard error, as HealthBench's reference scorer draws.
+BOOTSTRAP_SAMPLES = 1000
+
+
+def agreement_metrics(generated: ArrayLike, expert: ArrayLike, *, tol: float = DEFAULT_TOL
+                      ) -> dict[str, float | None]:
+    """The four agreement metrics of one query (`AGREEMENT_METRICS` order), None where
+    undefined."""
+    return {"spearman": spearman(generated, expert),
+            "kendall_tau_b": kendall_tau_b(generated, expert),
+            "top1_consistency": top1_consistency(generated, expert, tol=tol),
+            "pairwise_accuracy": pairwise_accuracy(generated, expert, tol=tol)}
+
+
 def agreement_table(
     generated_list: Sequence[ArrayLike],
     expert_list: Sequence[ArrayLike],
@@ -180,13 +205,136 @@ def agreement_table(
         raise ValueError(
             f"{len(generated_list)} generated score vectors but {len(expert_list)} expert ones"
         )
-    queries = list(zip(generated_list, expert_list))
-    return {
-        "spearman": aggregate([spearman(g, e) for g, e in queries]),
-        "kendall_tau_b": aggregate([kendall_tau_b(g, e) for g, e in queries]),
-        "top1_consistency": aggregate([top1_consistency(g, e, tol=tol) for g, e in queries]),
-        "pairwise_accuracy": aggregate([pairwise_accuracy(g, e, tol=tol) for g, e in queries]),
-    }
+    per_query = [agreement_metrics(g, e, tol=tol) for g, e in zip(generated_list, expert_list)]
+    return {name: aggregate([q[name] for q in per_query]) for name in AGREEMENT_METRICS}
+
+
+def agreement_over_runs(
+    generated_runs: Sequence[Sequence[ArrayLike | None]],
+    expert_list: Sequence[ArrayLike],
+    *,
+    invalid_as_failure: bool,
+    tol: float = DEFAULT_TOL,
+    seed: int = 0,
+) -> dict[str, dict[str, float | int | None]]:
+    """The agreement metrics with several rubric-generation runs per query, as the GenRubric
+    paper computes them: per query and run, averaged over the query's runs, then over queries.
+
+    ``generated_runs[q][r]`` is query q's score vector under the rubric of run r, or None where
+    that rubric is invalid. Invalid rubrics are left out (``invalid_as_failure=False``: the
+    metrics of valid rubrics) or score `FAILURE` (True: a generator that writes unusable
+    rubrics pays for them). A run whose metric is undefined (a constant vector) is left out
+    either way; a query with no run left is skipped.
+
+    Per metric: ``mean`` over queries, its ``bootstrap_se`` over queries (`bootstrap_se`),
+    ``n`` queries averaged, ``skipped`` queries, ``runs`` (query, run) values averaged and
+    ``runs_left_out``.
+    """
+    if len(generated_runs) != len(expert_list):
+        raise ValueError(f"{len(generated_runs)} queries of generated runs but "
+                         f"{len(expert_list)} expert score vectors")
+    values: dict[str, list[list[float]]] = {name: [] for name in AGREEMENT_METRICS}
+    left_out = dict.fromkeys(AGREEMENT_METRICS, 0)
+    for runs, expert in zip(generated_runs, expert_list):
+        per_run = [dict.fromkeys(AGREEMENT_METRICS, FAILURE if invalid_as_failure else None)
+                   if g is None else agreement_metrics(g, expert, tol=tol) for g in runs]
+        for name in AGREEMENT_METRICS:
+            defined = [run[name] for run in per_run if run[name] is not None]
+            values[name].append(defined)
+            left_out[name] += len(runs) - len(defined)
+    out = {}
+    for name, per_query in values.items():
+        means = [float(np.mean(v)) for v in per_query if v]
+        out[name] = {**aggregate([float(np.mean(v)) if v else None for v in per_query]),
+                     "bootstrap_se": bootstrap_se(means, seed=seed),
+                     "runs": sum(map(len, per_query)), "runs_left_out": left_out[name]}
+    return out
+
+
+def top_k_responses(expert: ArrayLike, k: int) -> np.ndarray:
+    """Indices (ascending) of the ``k`` responses the expert rubric scores highest; ties go
+    to the earlier response (a stable sort), so the subset is deterministic."""
+    e = _vector(expert, "expert")
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    return np.sort(np.argsort(-e, kind="stable")[:k])
+
+
+def bootstrap_se(values: ArrayLike, *, weights: ArrayLike | None = None,
+                 clip: tuple[float, float] | None = None, samples: int = BOOTSTRAP_SAMPLES,
+                 seed: int = 0) -> float | None:
+    """Bootstrap standard error of a mean over units (queries): the standard deviation of the
+    (``weights``-weighted, optionally ``clip``ped) mean over ``samples`` resamples of the units
+    with replacement, drawn as ``np.random.default_rng(seed).integers(0, n, (samples, n))``.
+
+    HealthBench's reference scorer reports the same statistic (`bootstrap_std`, unseeded);
+    the seed makes a report reproducible. Resampling queries rather than responses respects
+    that a query's responses share its rubric. None for fewer than 2 units.
+    """
+    v = _vector(values, "values")
+    w = np.ones_like(v) if weights is None else _vector(weights, "weights")
+    if v.shape != w.shape:
+        raise ValueError(f"values has {v.size} entries but weights has {w.size}")
+    if v.size < 2:
+        return None
+    draws = np.random.default_rng(seed).integers(0, v.size, (samples, v.size))
+    stats = np.sum(w[draws] * v[draws], axis=1) / np.sum(w[draws], axis=1)
+    if clip is not None:
+        stats = np.clip(stats, *clip)
+    return float(np.std(stats))
+
+
+def healthbench_score(met: ArrayLike, points: ArrayLike) -> np.ndarray | None:
+    """HealthBench's score of each response ``[n]``: the points of the criteria it meets
+    (``met [n, M]``) over the rubric's positive points; None when there are none."""
+    m = np.asarray(met, dtype=np.float64)
+    p = _vector(points, "points")
+    if m.ndim != 2 or m.shape[1] != p.size:
+        raise ValueError(f"met must be [n, {p.size}], got shape {m.shape}")
+    positive = float(np.sum(np.maximum(p, 0)))
+    return m @ p / positive if positive > 0 else None
+
+
+def healthbench_tag_scores(overall: ArrayLike, met: ArrayLike, points: ArrayLike,
+                           item_tags: Sequence[Sequence[str]], example_tags: Sequence[str]
+                           ) -> dict[str, np.ndarray]:
+    """Per-tag scores of a query's responses, as HealthBench's reference scorer defines them.
+
+    An example-level tag (``theme:...``) takes each response's ``overall`` score; a
+    rubric-level tag (``axis:...``, ``level:...``, ``cluster:...``) the `healthbench_score`
+    over the criteria that carry it, where they have positive points (else the tag is left
+    out for this query).
+    """
+    out = {tag: _vector(overall, "overall") for tag in example_tags}
+    p = _vector(points, "points")
+    if len(item_tags) != p.size:
+        raise ValueError(f"{len(item_tags)} item tag lists for {p.size} criteria")
+    m = np.asarray(met, dtype=np.float64)
+    for tag in dict.fromkeys(t for tags in item_tags for t in tags):
+        carried = np.array([tag in tags for tags in item_tags])
+        score = healthbench_score(m[:, carried], p[carried])
+        if score is not None:
+            out[tag] = score
+    return out
+
+
+def healthbench_aggregate(per_query: Sequence[ArrayLike], *, seed: int = 0
+                          ) -> dict[str, float | int | None]:
+    """HealthBench's aggregate of response scores grouped by query: ``mean`` over every
+    response (unclipped), ``clipped_mean`` (the mean clipped to [0, 1], the number HealthBench
+    reports: penalties can push a response below 0), and the ``bootstrap_se`` of the clipped
+    mean with queries resampled (each weighted by its responses, so every draw is a mean over
+    responses), with the ``responses`` and ``queries`` counted."""
+    vectors = [v for v in (_vector(x, "scores") for x in per_query) if v.size]
+    if not vectors:
+        return {"mean": None, "clipped_mean": None, "bootstrap_se": None, "responses": 0,
+                "queries": 0}
+    pooled = float(np.mean(np.concatenate(vectors)))
+    return {"mean": pooled, "clipped_mean": float(np.clip(pooled, 0.0, 1.0)),
+            "bootstrap_se": bootstrap_se([v.mean() for v in vectors],
+                                         weights=[v.size for v in vectors], clip=(0.0, 1.0),
+                                         seed=seed),
+            "responses": sum(v.size for v in vectors), "queries": len(vectors)}
 
 
 def _vector(values: ArrayLike, name: str) -> np.ndarray:

@@ -160,7 +160,7 @@ def _set_rows(result: EvalResult, candidate_set: CandidateSet, order: Sequence[i
             "items": [i.row() for i in items]})
     num = len(candidate_set.candidates)
     result.verdicts += common.verdict_rows(candidate_set.id, num, query.groups,
-                                           range(len(rubrics)), out, b)
+                                           [{"rubric": g} for g in range(len(rubrics))], out, b)
     scores = soft = None
     if any(counting):
         scores = out["scores"][b, :num][:, counting].astype(np.float64).mean(-1)

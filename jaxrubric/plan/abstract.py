@@ -3,7 +3,7 @@ with the shardings training gives them, on any devices (this machine's, or a TPU
 does not exist, `plan.topology`), so that `plan.compile` lowers the real round for them.
 
 What `train.CoevolveTask` builds, built from shapes: each role's `Decoder` by `nnx.eval_shape`
-(the model config `plan.models.role_model_config` gives, as `train._role_model` loads it),
+(the model config `plan.models.role_model_config` gives, as `train.role_model` loads it),
 its parameters placed by the sharding rules, the optimiser state `optax` would make for them,
 the references in the dtype `train.reference_params` keeps, the batch as `encode_batch` lays
 it out. The setup (templates, grammar, readout) needs a tokenizer: the recipe's own when it

@@ -98,7 +98,7 @@ def hf_config(path: str) -> tuple[dict[str, Any], str]:
 def role_model_config(role: ml_collections.ConfigDict, tokenizer: Any, mesh: AbstractMesh,
                       config_tokenizer: str = "", lora: LoraConfig | None = None
                       ) -> tuple[ModelConfig, str]:
-    """The `ModelConfig` the trainer builds for a role (see `train._role_model`: with `lora`,
+    """The `ModelConfig` the trainer builds for a role (see `train.role_model`: with `lora`,
     adapters in `param_dtype` over a base held in the compute dtype), and its source; an
     empty path is the tiny random Qwen3 over the tokenizer's vocabulary."""
     common = dict(dtype=role.dtype, param_dtype=role.param_dtype, remat=role.remat,
