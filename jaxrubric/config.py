@@ -222,24 +222,21 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ml_collectio
 
 
 def _saved_config(data: dict[str, Any]) -> ml_collections.ConfigDict:
-    """A workdir's saved config; keys added to `base_config()` since it was written take their
-    defaults (so older runs still export), misspelled ones are still refused by the checks."""
+    """A workdir's saved config; keys and sections added to `base_config()` since it was
+    written take their defaults (so older runs still export), misspelled ones are still
+    refused by the checks."""
     config = ml_collections.ConfigDict(data)
     present = {key for key, _ in _leaves(config)}
     for key, value in _leaves(base_config()):
-        parent = key.rpartition(".")[0]
-        if key not in present and (not parent or _has(config, parent)):
+        if key not in present:
+            node = config
+            for part in key.split(".")[:-1]:  # a section added since: create it
+                if part not in node:
+                    with node.ignore_type():
+                        node[part] = ml_collections.ConfigDict()
+                node = node[part]
             _set(config, key, value)
     return config
-
-
-def _has(config: ml_collections.ConfigDict, key: str) -> bool:
-    node = config
-    for part in key.split("."):
-        if not isinstance(node, ml_collections.ConfigDict) or part not in node:
-            return False
-        node = node[part]
-    return True
 
 
 def _run_config_file(path: Path) -> ml_collections.ConfigDict:

@@ -19,7 +19,7 @@ from flax import nnx
 import jaxrubric
 from jaxrubric import flops, placement
 from jaxrubric import sharding as shd
-from jaxrubric.config import load_config, role_lora, round_config
+from jaxrubric.config import base_config, load_config, role_lora, round_config
 from jaxrubric.data import load_anchors, prompt_text
 from jaxrubric.methods import core, get_method
 from jaxrubric.methods.core import Frozen
@@ -242,20 +242,16 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, *,
         eval_every=config.eval_every or None, profile_round=config.profile_round or None,
         max_skipped_rounds=config.max_skipped_rounds, fallback=fallback,
         wandb=(WandbSettings(config.logging.wandb_project, config.logging.wandb_run_name)
-               if config.logging.wandb else None))
+               if config.logging.wandb else None),
+        config_defaults=_fingerprinted(base_config()))
 
 
 def _fingerprinted(config: ml_collections.ConfigDict) -> dict:
-    """The config minus what may change on resume (the number of rounds, logging). A role
-    without LoRA leaves its `lora` section out, so runs from before LoRA existed still
-    resume."""
+    """The config minus what may change on resume (the number of rounds, logging)."""
     data = json.loads(config.to_json_best_effort())
     for key in ("rounds", "log_every", "checkpoint_every", "keep_checkpoints", "eval_every",
                 "profile_round", "max_skipped_rounds", "logging"):
         data.pop(key, None)
-    for role in TRAINED:
-        if not data.get(role, {}).get("lora", {}).get("rank"):
-            data.get(role, {}).pop("lora", None)
     return data
 
 

@@ -95,7 +95,8 @@ def run_training(task: Task, *, workdir: str | os.PathLike, rounds: int, seed: i
                  eval_every: int | None = None, config: Any = None,
                  allow_config_change: bool = False, profile_round: int | None = None,
                  max_skipped_rounds: int = 3, fallback: bool = True,
-                 wandb: WandbSettings | None = None) -> dict[str, Any]:
+                 wandb: WandbSettings | None = None,
+                 config_defaults: Any = None) -> dict[str, Any]:
     """Runs rounds until `rounds` have been completed in `workdir`, resuming from its latest
     checkpoint, and returns a summary.
 
@@ -117,6 +118,9 @@ def run_training(task: Task, *, workdir: str | os.PathLike, rounds: int, seed: i
         together with the seed; resuming under another fingerprint raises
         `ConfigMismatchError` unless `allow_config_change`. Loop arguments (rounds, intervals)
         are not part of it and may change between runs.
+      config_defaults: the defaults of `config`'s keys (same nesting): a key the checkpoint's
+        config lacks that has its default now is not a change (a key added to the code since
+        the checkpoint was written), so older runs still resume.
       profile_round: capture a `jax.profiler` trace of this round into the TensorBoard folder
         (its profile tab splits the compiled round into its stages, op by op).
       max_skipped_rounds: stop with `NonFiniteError` once a `<name>/skipped_updates` metric
@@ -158,7 +162,8 @@ def run_training(task: Task, *, workdir: str | os.PathLike, rounds: int, seed: i
             if latest is not None:  # a finished run needs no state: check its meta alone
                 meta = _read_meta(manager, latest)
                 if meta is not None and rounds <= latest:
-                    _check_fingerprint(meta, fingerprint, run_config, allow_config_change)
+                    _check_fingerprint(meta, fingerprint, run_config, allow_config_change,
+                                       _canonical({"config": config_defaults}))
                     _say(f"checkpoint at round {latest} already covers rounds={rounds}: "
                          "nothing to do")
                     return _summary(latest, meta["metrics"], meta["eval"], latest, False)
@@ -170,7 +175,8 @@ def run_training(task: Task, *, workdir: str | os.PathLike, rounds: int, seed: i
                 done, position, last_scalars, eval_scalars = 0, 0, {}, {}
             else:
                 _, meta, state = restored
-                _check_fingerprint(meta, fingerprint, run_config, allow_config_change)
+                _check_fingerprint(meta, fingerprint, run_config, allow_config_change,
+                                       _canonical({"config": config_defaults}))
                 key = jax.random.wrap_key_data(np.asarray(meta["rng_key_data"], np.uint32),
                                                impl=meta["rng_impl"])
                 done, position = meta["round"], meta["position"]
@@ -492,11 +498,15 @@ def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def _check_fingerprint(meta: Mapping[str, Any], fingerprint: str, run_config: Any,
-                       allow_change: bool) -> None:
+                       allow_change: bool, defaults: Any = None) -> None:
     if meta["fingerprint"] == fingerprint:
         return
     old, new = _flatten(meta["config"]), _flatten(run_config)
-    changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+    default = _flatten(defaults) if isinstance(defaults, dict) else {}
+    changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k)
+                     and not (k not in old and k in default and new.get(k) == default[k]))
+    if not changed:  # only keys added since, at their defaults
+        return
     message = (f"the checkpoint in this workdir was written with another config or seed "
                f"(changed: {', '.join(changed)})")
     if not allow_change:

@@ -105,6 +105,12 @@ def test_saved_config_json_is_checked_like_a_file(tmp_path):
     saved.write_text(json.dumps(data))
     with _raises("config has no key 'data.batchsize' (did you mean 'data.batch_size'?)"):
         load_config(saved)
+    # A run saved before keys and whole sections were added still loads (and exports), with
+    # their defaults.
+    del data["data"]["batchsize"], data["logging"], data["policy"]["lora"]
+    del data["data"]["skip_bad_rows"]
+    saved.write_text(json.dumps(data))
+    assert load_config(saved).to_dict() == load_config(CONFIG).to_dict()
 
 
 def test_model_dtypes_may_be_jax_or_numpy_dtypes(tmp_path):

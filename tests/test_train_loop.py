@@ -248,6 +248,18 @@ def test_config_change_is_refused(tmp_path, capsys):
     assert summary["final_round"] == 2 and "resuming anyway" in capsys.readouterr().out
 
 
+def test_keys_added_since_at_their_defaults_are_not_a_change(tmp_path):
+    """A run checkpointed before a key existed resumes when the key has its default now; the
+    same key at another value is still a change."""
+    defaults = {"optim": {"lr": 0.1, "warmup": 0}}
+    _run(tmp_path, 1, config={"optim": {"lr": 0.05}})
+    with pytest.raises(ConfigMismatchError, match="config.optim.warmup"):
+        _run(tmp_path, 2, config={"optim": {"lr": 0.05, "warmup": 3}}, config_defaults=defaults)
+    summary = _run(tmp_path, 2, config={"optim": {"lr": 0.05, "warmup": 0}},
+                   config_defaults=defaults)
+    assert summary["final_round"] == 2
+
+
 def test_rejects_bad_arguments(tmp_path):
     with pytest.raises(ValueError, match="checkpoint_every"):
         _run(tmp_path, 3, checkpoint_every=0)
