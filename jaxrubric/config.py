@@ -76,9 +76,13 @@ def base_config() -> ml_collections.ConfigDict:
     # data.eval: held-out prompts with anchor lists for the evaluator's Δgap (and, with an
     # oracle, the policy's ground-truth quality), evaluated every `eval_every` rounds on its
     # first `eval_batch_size` rows (0: data.batch_size).
+    # GenRubric's data.eval is expert-rubric rows (HealthBench schema) instead: per held-out
+    # query the generator writes `eval_rubric_runs` rubrics at its temperature (plus a greedy
+    # one, reported apart) and agreement with the expert rubric is averaged over those runs;
+    # completions are cut to anchor_tokens, prompts to prompt_tokens (eval.expert_agreement).
     c.data = ml_collections.ConfigDict({
         "train": "", "eval": "", "batch_size": 8, "eval_batch_size": 0, "prompt_tokens": 512, "policy_tokens": 640,
-        "anchor_tokens": 512, "num_anchors": 4, "skip_bad_rows": False,
+        "anchor_tokens": 512, "num_anchors": 4, "skip_bad_rows": False, "eval_rubric_runs": 4,
     })
     # template_style: "full" instructions for real LLMs, "compact" for small models trained
     # from scratch (jaxrubric.rubric.templates.STYLES).
@@ -432,7 +436,8 @@ def check_config(config: ml_collections.ConfigDict) -> None:
         raise ConfigFileError("config.logging.wandb=True needs the wandb package, which is not "
                               "installed: pip install 'jaxrubric[wandb]'")
     for key in ("rounds", "data.batch_size", "checkpoint_every", "keep_checkpoints",
-                "log_every", "rubric.max_items", "rubric.max_item_tokens", "max_skipped_rounds"):
+                "log_every", "rubric.max_items", "rubric.max_item_tokens", "max_skipped_rounds",
+                "data.eval_rubric_runs"):
         if _get(config, key) < 1:
             raise ConfigFileError(f"config.{key} must be >= 1, got {_get(config, key)}")
     if not config.data.train:

@@ -28,8 +28,9 @@ method describes them (`Method.round_shapes`):
   new tokens after a `P`-token prompt); the implementation scores the whole cache and masks;
 - the verifier counts the tree layout's needed pairs (prefix causal; each item branch attends
   to the prefix and causally to itself), not the dense masked `L x L` scores it computes;
-- the teacher-forced forwards (reference log-probs, the updates) run each sample's prompt again,
-  as the round does: no prefix is shared between the samples of one prompt.
+- the teacher-forced forwards (reference log-probs, the updates) run a GRPO group's shared
+  prompt once under its samples (`round.share_prefix`, the default), each sample attending to
+  it; without sharing, each sample's prompt again, as the round then does.
 """
 
 from __future__ import annotations
@@ -94,6 +95,17 @@ def teacher_forced_flops(cfg: ModelConfig, *, rows: int, prompt_len: int,
                          logit_tokens=rows * completion_len)
 
 
+def shared_teacher_forced_flops(cfg: ModelConfig, *, prompts: int, prompt_len: int,
+                                samples: int, completion_len: int) -> float:
+    """`jaxrubric.methods.core.shared_completion_logprobs`: per prompt, one causal forward over
+    it and `samples` completions as branches, each attending to the prompt and causally to
+    itself; the `completion_len` positions that predict each completion are projected."""
+    tokens = prompt_len + samples * completion_len
+    pairs = prompt_len**2 / 2 + samples * (completion_len * prompt_len + completion_len**2 / 2)
+    return forward_flops(cfg, tokens=prompts * tokens, attention_pairs=prompts * pairs,
+                         logit_tokens=prompts * samples * completion_len)
+
+
 def tree_verify_flops(cfg: ModelConfig, *, rows: int, prefix_len: int, branches: int,
                       branch_len: int) -> float:
     """`jaxrubric.rubric.verifier.verify`: per row, a causal prefix and `branches` branches of
@@ -121,8 +133,13 @@ def round_flops_by_stage(models: Mapping[Role, ModelConfig], config: RoundConfig
             models[Role.VERIFIER], rows=v.rows, prefix_len=v.prefix_len, branches=v.branches,
             branch_len=v.branch_len)
     for u in shapes.updates:
-        forward = teacher_forced_flops(models[u.role], rows=u.rows, prompt_len=u.prompt_len,
-                                       completion_len=u.completion_len)
+        if u.shared(config):
+            forward = shared_teacher_forced_flops(
+                models[u.role], prompts=u.rows // u.group, prompt_len=u.prompt_len,
+                samples=u.group, completion_len=u.completion_len)
+        else:
+            forward = teacher_forced_flops(models[u.role], rows=u.rows, prompt_len=u.prompt_len,
+                                           completion_len=u.completion_len)
         if config.beta(u.role) > 0:
             stages[f"{u.role}/reference"] = forward
         passes = 3 if models[u.role].lora is None else 2

@@ -15,6 +15,7 @@ from etils import epath
 import numpy as np
 import optax
 from flax import nnx
+from jax.experimental import multihost_utils
 
 import jaxrubric
 from jaxrubric import flops, placement
@@ -31,6 +32,10 @@ from jaxrubric.logging_utils import WandbSettings
 from jaxrubric.train_loop import restore_checkpoint, run_training
 
 CONFIG_FILE = "config.json"
+# A method with its own held-out rows (GenRubric) appends each evaluation's score matrices here,
+# one JSON line per query (`ExpertRows.score_rows`); after a resume the later line of a round
+# is the valid one.
+EVAL_SCORES = "eval_scores.jsonl"
 
 
 def make_optimizer(config: ml_collections.ConfigDict, role: Role) -> optax.GradientTransformation:
@@ -87,10 +92,13 @@ class CoevolveTask:
     """The `train_loop.Task` of co-evolution by the config's method (`jaxrubric.methods`).
 
     `oracle`: the ground-truth reward `config.oracle` names, for worlds that have one (the toy
-    world hands its checker in; `jaxrubric.toy.ORACLES`)."""
+    world hands its checker in; `jaxrubric.toy.ORACLES`). `eval_scores`: a JSONL file that
+    each evaluation on a method's own held-out rows appends its score matrices to."""
 
-    def __init__(self, config: ml_collections.ConfigDict, oracle: OracleReward | None = None):
+    def __init__(self, config: ml_collections.ConfigDict, oracle: OracleReward | None = None,
+                 *, eval_scores: str | None = None):
         self.config = config
+        self.eval_scores = eval_scores
         self.method = get_method(config.method)
         if bool(config.oracle) != (oracle is not None):
             raise ValueError(f"config.oracle={config.oracle!r} needs its ground-truth reward "
@@ -126,7 +134,14 @@ class CoevolveTask:
                   f"{len(loaded.problems) + len(loaded.records)} (data.skip_bad_rows):"
                   f"{reasons}{more}", flush=True)
         self.eval_records = []
-        if evaluates:
+        # A method's own held-out rows (GenRubric: expert rubrics), else anchor lists.
+        held_out = self.method.held_out
+        self.held_out = None
+        if evaluates and held_out is not None:
+            self.held_out = held_out.from_config(config, self.tokenizer)
+            if jax.process_index() == 0:
+                print(self.held_out.summary(), flush=True)
+        elif evaluates:
             size = config.data.eval_batch_size or config.data.batch_size
             self.eval_records = load_anchors(config.data.eval, skip_bad_rows=False).records
             if len(self.eval_records) < size:
@@ -173,6 +188,12 @@ class CoevolveTask:
         if self.eval_records:
             self._eval_batch = self._encode(self.eval_records)
             self._evaluate = evaluate
+        elif self.held_out is not None:
+            size = len(self.held_out.records)
+            local = shd.local_rows(self.mesh, size)
+            self._eval_batch = shd.global_batch(
+                self.mesh, jax.tree.map(lambda x: x[local], self.held_out.batch), local, size)
+            self._evaluate = evaluate
 
     # -------------------------------------------------------------- train_loop.Task
     def init_state(self, rng: jax.Array) -> core.RoundState:
@@ -193,11 +214,23 @@ class CoevolveTask:
         return self._encode([self.records[(position * size + i) % len(self.records)]
                              for i in range(size)])
 
-    def evaluate(self, state: core.RoundState, round_: int) -> dict[str, jax.Array]:
+    def evaluate(self, state: core.RoundState, round_: int) -> dict[str, jax.Array | float]:
         """The held-out batch's rollout without updates (the method's `evaluate`), with the
-        same key every time, so that curves move with the models only."""
-        return self._evaluate(state, self.frozen, self._eval_batch,
-                              jax.random.key(self.config.seed + 1))
+        same key every time, so that curves move with the models only. On a method's own
+        held-out rows the device returns score matrices: they are fetched, appended to
+        `eval_scores` and turned into the metrics here, on the host."""
+        out = self._evaluate(state, self.frozen, self._eval_batch,
+                             jax.random.key(self.config.seed + 1))
+        if self.held_out is None:
+            return out
+        out = jax.tree.map(lambda x: np.asarray(x if x.is_fully_addressable else
+                                                multihost_utils.process_allgather(x, tiled=True)),
+                           out)
+        if self.eval_scores is not None and jax.process_index() == 0:
+            with open(self.eval_scores, "a", encoding="utf-8") as f:
+                f.writelines(json.dumps(row) + "\n"
+                             for row in self.held_out.score_rows(out, round_))
+        return self.held_out.scalars(out)
 
     def _encode(self, records: list) -> core.RoundBatch:
         cfg = self.config.data
@@ -233,7 +266,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, *,
     if jax.process_index() == 0:  # one writer on the shared workdir
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / CONFIG_FILE).write_text(config.to_json_best_effort(indent=2))
-    task = CoevolveTask(config, oracle)
+    task = CoevolveTask(config, oracle, eval_scores=(
+        None if "://" in str(workdir) else str(workdir / EVAL_SCORES)))
     return run_training(
         task, workdir=str(workdir), rounds=config.rounds, seed=config.seed,
         checkpoint_every=config.checkpoint_every, keep_checkpoints=config.keep_checkpoints,

@@ -94,6 +94,32 @@ def test_teacher_forced_projects_only_the_completion():
     assert causal == pytest.approx(full_square - half)
 
 
+def test_shared_prefix_forward_computes_what_the_count_says():
+    """XLA's FLOPs of the shared-prefix forward: the prefix once, each branch's scores to the
+    prefix and to its own tokens (whole squares: the count's causal halves are masked, not
+    skipped), so XLA = the count + the masked halves."""
+    cfg = jaxrubric.tiny_config(scan_layers=False)
+    graph, params = nnx.split(_abstract_model(cfg))
+    prompts, prompt_len, samples, completion_len = 2, 24, 3, 8
+    prompt = jnp.zeros((prompts, prompt_len), jnp.int32)
+    completion = jnp.zeros((prompts, samples, completion_len), jnp.int32)
+
+    def logprobs(p, prompt, completion):
+        return core.shared_completion_logprobs(nnx.merge(graph, p), prompt,
+                                               jnp.ones_like(prompt, bool), completion,
+                                               chunk_size=completion_len)
+
+    xla = _xla_flops(logprobs, params, prompt, completion)
+    count = flops.shared_teacher_forced_flops(cfg, prompts=prompts, prompt_len=prompt_len,
+                                              samples=samples, completion_len=completion_len)
+    masked = flops.forward_flops(cfg, tokens=0, logit_tokens=0, attention_pairs=prompts * (
+        prompt_len**2 / 2 + samples * completion_len**2 / 2))
+    assert 0 <= xla / (count + masked) - 1 < XLA_TOLERANCE, (xla, count + masked)
+    unshared = flops.teacher_forced_flops(cfg, rows=prompts * samples, prompt_len=prompt_len,
+                                          completion_len=completion_len)
+    assert count < unshared
+
+
 def test_tree_verification_counts_the_pairs_the_tree_mask_allows():
     cfg = jaxrubric.tiny_config()
     batch, responses, prefix_len, groups, items, item_len = 2, 3, 7, 2, 3, 4
@@ -163,8 +189,9 @@ def test_round_shapes_are_the_shapes_the_round_builds():
         Verification("responses", B * K, prefix.shape[-1], G * M, branch),
         Verification("anchors", B * n, anchor_prefix.shape[-1], G * M, branch))
     assert shapes.verification[0].length == tree.shape[-1]
-    assert shapes.updates == (Update(Role.GENERATOR, B * G, gen.shape[-1], rubric),
-                              Update(Role.POLICY, B * K, Lp, Lr))
+    # Each prompt's G rubrics, and its K answers, share it (encoded once with share_prefix).
+    assert shapes.updates == (Update(Role.GENERATOR, B * G, gen.shape[-1], rubric, G),
+                              Update(Role.POLICY, B * K, Lp, Lr, K))
 
     # The bytes a stage reads per prompt: the batch's rows as `encode_batch` builds them.
     host = core.encode_batch(tok, ["Sort 3 1 2.", "Reverse cat."], [["1 2 3"], ["tac"]],
@@ -198,7 +225,7 @@ def test_round_shapes_are_the_shapes_the_round_builds():
     # No anchors: the induced responses alone, under the same verifier prefix.
     assert gr_shapes.verification == (
         Verification("induced responses", B * G, prefix.shape[-1], G * M, branch),)
-    assert gr_shapes.updates == (Update(Role.GENERATOR, B * G, gr_gen.shape[-1], gr_rubric),
+    assert gr_shapes.updates == (Update(Role.GENERATOR, B * G, gr_gen.shape[-1], gr_rubric, G),
                                  Update(Role.POLICY, B * G, induced.shape[-1], Lr))
     assert set(gr_shapes.reads) == stages
 

@@ -226,7 +226,8 @@ def test_the_colab_recipe_fits_one_16gb_chip_with_lora_and_not_without():
 
 def test_the_colab_recipe_trains_a_round_at_reduced_size(tmp_path):
     """The recipe's own code path (LoRA on every projection, bf16 base, fp32 adapters, remat,
-    chunked attention, micro-batches) on tiny random models over the tiny tokenizer."""
+    chunked attention, micro-batches of prompts under shared-prefix updates) on tiny random
+    models over the tiny tokenizer."""
     from jaxrubric.train import train
 
     assets = Path(__file__).parents[1] / "configs" / "assets"
@@ -236,7 +237,7 @@ def test_the_colab_recipe_trains_a_round_at_reduced_size(tmp_path):
         "rounds=1", "data.prompt_tokens=24", "data.policy_tokens=40", "data.anchor_tokens=12",
         "data.num_anchors=3", "round.response_tokens=8", "rubric.max_items=2",
         "rubric.max_item_tokens=6", "round.num_responses=4", "round.logprob_chunk=16",
-        "round.update_micro_batches=2"])
+        "round.update_micro_batches=2", "round.share_prefix=true"])
     config.policy.attention_chunk = config.generator.attention_chunk = 16
     summary = train(config, tmp_path)
     assert summary["final_round"] == 1

@@ -6,6 +6,8 @@ attention over query blocks): a whole round with them equals the plain round, wh
 option's own tests check on its part alone (tests/test_microbatch.py, tests/test_attention.py).
 """
 
+from pathlib import Path
+
 import jax
 import numpy as np
 import pytest
@@ -15,7 +17,6 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jaxrubric import placement
 from jaxrubric import sharding as shd
 from jaxrubric.config import ConfigFileError, load_config
-from jaxrubric.methods import get_method
 from jaxrubric.methods.core import RoundResult
 from jaxrubric.roles import Role
 from jaxrubric.train import CoevolveTask
@@ -33,6 +34,8 @@ LORA = [f"--config.{role}.lora.{key}={value}" for role in ("policy", "generator"
         for key, value in (("rank", 4), ("dropout", 0.1), ("targets", "q_proj,v_proj,up_proj"))]
 UPDATE_RTOL = {Role.POLICY: 1e-3, Role.GENERATOR: 1e-2}  # as tests/test_mesh_equivalence.py
 STAGES = {"dynamic_rubric": 5, "genrubric": 5}  # rollout stages + both updates
+EVAL_STAGES = {"dynamic_rubric": 1, "genrubric": 2}  # the held-out evaluation's programs
+HEALTHBENCH = Path(__file__).parent / "data" / "healthbench_oss_eval_30examples.jsonl"
 
 
 def test_resolve_submeshes_fills_the_open_mesh_and_shares_by_name():
@@ -90,7 +93,10 @@ def test_to_mesh_moves_only_what_is_elsewhere():
 def _rounds(config_name: str, placement_args: list[str], rounds: int = 2) -> dict:
     config = load_config(CONFIGS / config_name,
                          [o.removeprefix("--config.") for o in (*SMALL, *placement_args)])
-    config.data.eval = config.data.train if get_method(config.method).evaluates else ""
+    # Held-out data: anchor lists for DynamicRubric, expert-rubric rows for GenRubric.
+    config.data.eval = (config.data.train if config.method == "dynamic_rubric"
+                        else str(HEALTHBENCH))
+    config.data.eval_batch_size = 8
     task = CoevolveTask(config)
     state = task.init_state(jax.random.key(0))
     expected = jax.tree.map(lambda x: x.sharding, task.abstract_state())
@@ -128,7 +134,7 @@ def test_submesh_round_equals_the_colocated_round(config_name, common, options, 
         devices = set(task.meshes[role].devices.flat)
         assert all(x.sharding.device_set == devices for x in jax.tree.leaves(params)), role
     assert task._round.placement.compiled_programs() == STAGES[task.config.method] + (
-        1 if task._evaluate is not None else 0)
+        EVAL_STAGES[task.config.method] if task._evaluate is not None else 0)
     for r in range(rounds):
         for key, want in colocated[f"outputs{r}"].items():
             if np.issubdtype(np.asarray(want).dtype, np.floating):
@@ -137,8 +143,10 @@ def test_submesh_round_equals_the_colocated_round(config_name, common, options, 
             else:  # sampled tokens and lengths: the same key draws the same tokens
                 np.testing.assert_array_equal(split[f"outputs{r}"][key], want,
                                               err_msg=f"round {r}: {key}")
+    # abs 1e-5: a GRPO loss over centred advantages sums to ~0 (1e-6 here), where another
+    # reduction order moves it by its rounding.
     for name, want in colocated["metrics"].items():
-        assert split["metrics"][name] == pytest.approx(want, rel=1e-3, abs=1e-6), name
+        assert split["metrics"][name] == pytest.approx(want, rel=1e-3, abs=1e-5), name
     for role, rtol in UPDATE_RTOL.items():
         np.testing.assert_array_equal(split["initial"][role], colocated["initial"][role])
         error = update_error(split["final"][role], colocated["final"][role],

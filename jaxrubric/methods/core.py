@@ -67,6 +67,13 @@ class RoundConfig:
     # stage (sampling, verification) its prompts likewise. 1: all rows at once.
     update_micro_batches: int = 1
     rollout_micro_batches: int = 1
+    # Updates whose samples share one prompt (the policy's K answers, a generator's G rubrics)
+    # run that prompt through the model once, its samples as branches attending to it
+    # (`Decoder.shared_prefix_hidden`): the same log-probs and gradients, without repeating the
+    # prompt per sample. Update micro-batches then split prompts, not rows (a recipe's
+    # `update_micro_batches` must leave each micro-batch a prompt per chip: off by default
+    # until the recipes are re-sized for it).
+    share_prefix: bool = False
     # rewards
     anchor_weight: float = 1.0  # lambda
     disc_mode: str = "item_variance"
@@ -328,6 +335,26 @@ def init_state(setup: RoundSetup, models: Models) -> RoundState:
 
 
 # ------------------------------------------------------------------------------ updates
+def shared_completion_logprobs(model: Decoder, prompt: jax.Array, prompt_mask: jax.Array,
+                               completion: jax.Array, chunk_size: int,
+                               return_entropy: bool = False, lora_drop_keys: Any = None
+                               ) -> jax.Array | tuple[jax.Array, jax.Array]:
+    """`completion_logprobs` of S completions `[B, S, N]` of each left-padded prompt `[B, P]`,
+    the prompt encoded once (`Decoder.shared_prefix_hidden`): `[B, S, N]` (and the entropy).
+    `lora_drop_keys`: the adapters' dropout keys of the prompts `[B]` and completions `[B, S]`.
+    """
+    b, s, n = completion.shape
+    prefix, branches = model.shared_prefix_hidden(prompt, prompt_mask, completion,
+                                                  lora_drop_keys)
+    first = jnp.broadcast_to(prefix[:, None, -1:], (b, s, 1, prefix.shape[-1]))
+    predicting = jnp.concatenate([first, branches[:, :, :-1]], axis=2).reshape(b * s, n, -1)
+    out = grpo.token_logprobs_chunked(predicting, model.logits, completion.reshape(b * s, n),
+                                      chunk_size=chunk_size, return_entropy=return_entropy)
+    if return_entropy:
+        return tuple(x.reshape(b, s, n) for x in out)
+    return out.reshape(b, s, n)
+
+
 def completion_logprobs(model: Decoder, prompt: jax.Array, prompt_mask: jax.Array,
                         completion: jax.Array, chunk_size: int, return_entropy: bool = False,
                         lora_drop_keys: jax.Array | None = None
@@ -363,34 +390,51 @@ def grpo_role_update(cfg: RoundConfig, spec: RoleSpec, state: RoleState,
     thing differentiated and stepped); its KL reference is that base with the adapters off
     (`ref_params` is None). `rng`: the adapters' dropout, a key per row (the same draw with or
     without micro-batches; the mu steps of one round share it).
+
+    Shared prompts: with `completion [B, S, N]` (and `completion_mask`, `sampler_logp`,
+    `advantages` likewise `[B, S, ...]`) each prompt `[B, P]` is encoded once under its S
+    completions (`shared_completion_logprobs`), and micro-batches split the B prompts. The loss
+    is the rows' loss all the same (`[B * S, ...]`); LoRA dropout then draws one mask per
+    prompt for the prompt's tokens and one per row for its completion's.
     """
     n, graph, beta = cfg.update_micro_batches, spec.graph, spec.beta
     frozen_part = () if base is None else (base,)
+    shared = completion.ndim == 3
     batch = {"prompt": prompt, "prompt_mask": prompt_mask, "completion": completion,
              "completion_mask": completion_mask, "sampler_logp": sampler_logp,
              "advantages": advantages}
     if base is not None:  # LoRA (the model reads the keys only when its dropout is on)
-        batch["drop_keys"] = jax.random.split(rng, completion.shape[0])
+        rows = jax.random.split(rng, completion.shape[:2] if shared else completion.shape[0])
+        batch["drop_keys"] = (jax.random.split(jax.random.fold_in(rng, 1), prompt.shape[0]),
+                              rows) if shared else rows
+
+    def logprobs(model, b, **kwargs):
+        fn = shared_completion_logprobs if shared else completion_logprobs
+        return fn(model, b["prompt"], b["prompt_mask"], b["completion"], cfg.logprob_chunk,
+                  **kwargs)
+
     if beta > 0:
         reference = (nnx.merge(graph, ref_params) if base is None else
                      nnx.merge(graph, base, jax.tree.map(jnp.zeros_like, state.params)))
         batch["ref_logp"] = jax.lax.stop_gradient(microbatch.map_rows(
-            lambda b: completion_logprobs(reference, b["prompt"], b["prompt_mask"],
-                                          b["completion"], cfg.logprob_chunk), batch, n))
-    totals = None if n == 1 else grpo.batch_totals(completion_mask, cfg.aggregation,
-                                                   max_len=completion.shape[1])
+            lambda b: logprobs(reference, b), batch, n))
+    length = completion.shape[-1]
+    totals = None if n == 1 else grpo.batch_totals(completion_mask.reshape(-1, length),
+                                                   cfg.aggregation, max_len=length)
 
     def loss_fn(p, b):
         model = nnx.merge(graph, *frozen_part, p)
-        logp, entropy = completion_logprobs(model, b["prompt"], b["prompt_mask"],
-                                            b["completion"], cfg.logprob_chunk,
-                                            return_entropy=True,
-                                            lora_drop_keys=b.get("drop_keys"))
+        logp, entropy = logprobs(model, b, return_entropy=True,
+                                 lora_drop_keys=b.get("drop_keys"))
+        if shared:  # the loss of the rows, as without sharing
+            logp, entropy = logp.reshape(-1, length), entropy.reshape(-1, length)
+            b = {k: v.reshape(-1, *v.shape[2:]) for k, v in b.items()
+                 if k in ("completion_mask", "sampler_logp", "advantages", "ref_logp")}
         return grpo.grpo_loss(
             logp, jax.lax.stop_gradient(b["sampler_logp"]), b["advantages"],
             b["completion_mask"], ref_logp=b.get("ref_logp"), beta=beta,
             kl_estimator=cfg.kl_estimator, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
-            aggregation=cfg.aggregation, max_len=completion.shape[1],
+            aggregation=cfg.aggregation, max_len=length,
             sampler_logp=b["sampler_logp"], entropy=jax.lax.stop_gradient(entropy),
             totals=totals)
 
@@ -415,16 +459,20 @@ def role_update_stage(role: Role, setup: RoundSetup, state: RoleState, base: nnx
     """
     rng = jax.random.fold_in(jax.random.fold_in(rng, _UPDATE_STREAM), TRAINED.index(role))
     b, s = samples.tokens.shape[:2]
-    rows = b * s
-    if prompt.ndim == 2:
-        prompt, prompt_mask = (jnp.repeat(x, s, axis=0) for x in (prompt, prompt_mask))
+    completion_mask = jnp.arange(samples.tokens.shape[2]) < samples.lengths[..., None]
+    if prompt.ndim == 2 and setup.config.share_prefix:  # one prompt encoded under its S samples
+        rows_of = lambda x: x  # noqa: E731
     else:
-        prompt, prompt_mask = (x.reshape(rows, -1) for x in (prompt, prompt_mask))
-    tokens = samples.tokens.reshape(rows, -1)
+        rows = b * s
+        if prompt.ndim == 2:
+            prompt, prompt_mask = (jnp.repeat(x, s, axis=0) for x in (prompt, prompt_mask))
+        else:
+            prompt, prompt_mask = (x.reshape(rows, -1) for x in (prompt, prompt_mask))
+        rows_of = lambda x: x.reshape(rows, *x.shape[2:])  # noqa: E731
     state, metrics = grpo_role_update(
-        setup.config, setup.roles[role], state, base, ref_params, prompt, prompt_mask, tokens,
-        jnp.arange(tokens.shape[1]) < samples.lengths.reshape(rows, 1),
-        samples.logprobs.reshape(rows, -1), advantages.reshape(rows, *advantages.shape[2:]), rng)
+        setup.config, setup.roles[role], state, base, ref_params, prompt, prompt_mask,
+        rows_of(samples.tokens), rows_of(completion_mask), rows_of(samples.logprobs),
+        rows_of(advantages), rng)
     return state, {f"{role}/{k}": v for k, v in metrics.items()}
 
 
@@ -655,12 +703,22 @@ class Verification(NamedTuple):
 
 
 class Update(NamedTuple):
-    """A trained role's GRPO update over `rows` sampled sequences after their prompts."""
+    """A trained role's GRPO update over `rows` sampled sequences after their prompts; `group`
+    rows share one prompt (encoded once with `share_prefix`; 1: a prompt per row)."""
 
     role: Role
     rows: int
     prompt_len: int
     completion_len: int
+    group: int = 1
+
+    def shared(self, config: RoundConfig) -> bool:
+        """Whether this update encodes each prompt once under its `group` rows."""
+        return config.share_prefix and self.group > 1
+
+    def micro_batch_units(self, config: RoundConfig) -> int:
+        """What update micro-batches split: prompts when shared, else rows."""
+        return self.rows // self.group if self.shared(config) else self.rows
 
 
 class Read(NamedTuple):
@@ -739,7 +797,8 @@ def check_micro_batches(config: RoundConfig, shapes: RoundShapes,
     """Micro-batches split rows into equal static shapes: `update_micro_batches` must divide
     every update's rows, `rollout_micro_batches` every rollout's prompts (the training batch's
     and, when there is one, the held-out batch's `eval_prompts`)."""
-    checks = [("update_micro_batches", u.rows, f"the {u.role} update's rows")
+    checks = [("update_micro_batches", u.micro_batch_units(config),
+               f"the {u.role} update's {'prompts (share_prefix)' if u.shared(config) else 'rows'}")
               for u in shapes.updates]
     checks += [("rollout_micro_batches", s.prompts, f"the {s.role}'s rollout prompts")
                for s in shapes.sampling]
@@ -759,10 +818,10 @@ def verifier_messages(style: str) -> tuple[list[dict[str, str]], tuple[str, ...]
                                   style=style), ("prompt", "response", "criterion"))
 
 
-def trained_updates(cfg: RoundConfig, rows: Mapping[Role, tuple[int, int, int]]
+def trained_updates(cfg: RoundConfig, rows: Mapping[Role, tuple[int, ...]]
                     ) -> tuple[Update, ...]:
     """The `Update`s of the roles this run trains, generator first, from `role -> (rows,
-    prompt_len, completion_len)`."""
+    prompt_len, completion_len[, group])`."""
     return tuple(Update(role, *rows[role]) for role in TRAINED if not cfg.frozen(role))
 
 
@@ -777,6 +836,9 @@ class Method(abc.ABC):
     name: ClassVar[str]
     weights: ClassVar[tuple[int, ...]]  # the rubric grammar's item weights
     evaluates: ClassVar[bool]  # whether the method has a held-out evaluation
+    # Its held-out data when it is not anchor lists (GenRubric: expert-rubric rows): a type
+    # with `from_config(config, tokenizer)` (`jaxrubric.eval.expert_agreement.ExpertRows`).
+    held_out: ClassVar[Any] = None
 
     def check_config(self, config: Any) -> None:
         """The method's own checks of a training config (`ml_collections`), before any model

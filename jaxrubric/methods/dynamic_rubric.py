@@ -321,8 +321,8 @@ class DynamicRubric(core.Method):
                           Verification("anchors", b * dims.anchors, prefix + dims.anchor_len,
                                        branches, branch)),
             updates=core.trained_updates(config, {
-                Role.GENERATOR: (b * g, generator_prompt, dims.rubric),
-                Role.POLICY: (b * k, dims.policy_prompt, n)}),
+                Role.GENERATOR: (b * g, generator_prompt, dims.rubric, g),
+                Role.POLICY: (b * k, dims.policy_prompt, n, k)}),
             reads={
                 "policy rollout": (),
                 "generator rollout": (Read(Role.POLICY, "prompts, responses, rng key",

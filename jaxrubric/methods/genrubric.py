@@ -16,10 +16,16 @@ One round (DESIGN.md sections 1 and 3), stage by stage as `round` runs them:
 
 A malformed group gets reward 0 and takes no part in judging; for its advantage it ranks below
 every well-formed group of its query (`rl.grpo.rank_invalid_last`).
+
+`evaluate` (held-out, no update): on expert-rubric rows (`jaxrubric.eval.expert_agreement`) the
+generator writes R sampled rubrics and a greedy one per query and the verifier judges every
+held-out completion under them and under the expert rubric; the host turns the score matrix
+into agreement metrics.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any, ClassVar, NamedTuple
 
@@ -28,6 +34,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxrubric import placement, sampling
+from jaxrubric.eval.expert_agreement import ExpertBatch, ExpertRows
 from jaxrubric.methods import core
 from jaxrubric.methods.core import (Frozen, Question, Read, RoundBatch, RoundConfig, RoundDims,
                                     RoundResult, RoundSetup, RoundShapes, RoundState, Sampling,
@@ -37,6 +44,7 @@ from jaxrubric.rl import grpo
 from jaxrubric.roles import Role
 from jaxrubric.rubric import grammar as grammar_lib
 from jaxrubric.rubric import templates as tpl
+from jaxrubric.rubric import verifier as ver
 
 PyTree = Any
 
@@ -248,13 +256,86 @@ def genrubric_round(setup: RoundSetup, state: RoundState, frozen: Frozen, batch:
     return new_state, RoundResult({**judged.metrics, **update_metrics}, outputs)
 
 
+# ------------------------------------------------------------------------------ evaluation
+def evaluation_write_stage(setup: RoundSetup, generator_params: nnx.State, batch: ExpertBatch,
+                           rng: jax.Array) -> grammar_lib.ParsedRubric:
+    """The held-out queries' rubrics, parsed `[B, R + 1, ...]`: `batch.runs` = R sampled at
+    the generator's temperature (the paper's runs), then the greedy one (what a deployed
+    generator writes)."""
+    question = Question(batch.question, batch.question_lengths)
+
+    def write(num_rubrics: int, temperature: float) -> grammar_lib.ParsedRubric:
+        config = dataclasses.replace(setup.config, num_rubrics=num_rubrics,
+                                     generator_temperature=temperature)
+        return write_stage(dataclasses.replace(setup, config=config), generator_params,
+                           question, rng)[2]
+
+    sampled, greedy = write(batch.runs, setup.config.generator_temperature), write(1, 0.0)
+    return jax.tree.map(lambda s, g: jnp.concatenate([s, g], axis=1), sampled, greedy)
+
+
+def evaluation_judge_stage(setup: RoundSetup, verifier_params: nnx.State, batch: ExpertBatch,
+                           parsed: grammar_lib.ParsedRubric) -> dict[str, jax.Array]:
+    """Every held-out completion under the written rubrics and the expert rubric (the last
+    group) in one verifier call, judged as the round judges (`core.judge`: 0/1 verdicts, the
+    paper's and HealthBench's, or p_yes with `soft_verdicts`). Returns `scores [B, N, R + 2]`
+    and `group_valid [B, R + 2]` (`jaxrubric.eval.expert_agreement` reads them on the host).
+
+    The G = R + 1 generated rubrics' M items and the expert's M_e criteria go to the verifier
+    as one list of G M + M_e branches (its tree forward never tells groups apart), so neither
+    side is padded to the other's length; the verdicts are split back into groups after."""
+    verifier = nnx.merge(setup.graph(Role.VERIFIER), verifier_params)
+    b, g, m = parsed.weights.shape
+    generated_valid = parsed.valid & parsed.complete[..., None]
+
+    def branches(generated: jax.Array, expert: jax.Array) -> jax.Array:
+        """Generated `[B, G, M, ...]` and expert `[B, M_e, ...]` -> `[B, 1, G M + M_e, ...]`."""
+        flat = generated.reshape(b, g * m, *generated.shape[3:])
+        return jnp.concatenate([flat, expert.astype(generated.dtype)], axis=1)[:, None]
+
+    prefix = ver.verifier_prefix(setup.verifier_template, batch.question, batch.question_lengths,
+                                 batch.responses, batch.response_lengths, pad_id=setup.pad_id)
+    out = ver.verify(verifier, setup.readout, prefix.tokens, prefix.lengths,
+                     branches(parsed.items, batch.items),
+                     branches(parsed.item_lengths, batch.item_lengths),
+                     branches(generated_valid, batch.valid), pad_id=setup.pad_id,
+                     micro_batches=setup.config.rollout_micro_batches)
+    verdicts = out.p_yes if setup.config.soft_verdicts else out.verdicts.astype(jnp.float32)
+    verdicts = verdicts[:, :, 0]  # [B, N, G M + M_e]
+    weights = (parsed.weights, batch.weights[:, None])  # [B, G, M], [B, 1, M_e]
+    valid = (generated_valid, batch.valid[:, None])
+    scores = (gr.group_scores(verdicts[..., :g * m].reshape(*verdicts.shape[:2], g, m),
+                              weights[0], valid[0]),
+              gr.group_scores(verdicts[..., None, g * m:], weights[1], valid[1]))
+    return {"scores": jnp.concatenate(scores, axis=-1),  # [B, N, G + 1]
+            "group_valid": jnp.concatenate([gr.group_validity(w, v) for w, v in
+                                            zip(weights, valid)], axis=-1)}  # [B, G + 1]
+
+
+def genrubric_evaluation(setup: RoundSetup, state: RoundState, frozen: Frozen,
+                         batch: ExpertBatch, rng: jax.Array,
+                         run: placement.Placement | None = None) -> dict[str, jax.Array]:
+    """The held-out evaluation's device part, no update (jitted whole, or a stage per role's
+    mesh): rubrics written from each held-out query alone, then every completion judged. The
+    agreement metrics are the host's (`ExpertRows.scalars`): rank statistics over a few
+    hundred numbers are not worth sorts and masks in XLA."""
+    run = run or placement.colocated(setup)
+    parsed = run(Role.GENERATOR, evaluation_write_stage,
+                 core.role_weights(state, frozen, Role.GENERATOR), batch, rng)
+    return run(Role.VERIFIER, evaluation_judge_stage, frozen.verifier, batch, parsed)
+
+
 # ------------------------------------------------------------------------------ the method
 class GenRubric(core.Method):
     """GenRubric (see the module docstring)."""
 
     name: ClassVar[str] = "genrubric"
     weights: ClassVar[tuple[int, ...]] = grammar_lib.SIGNED_WEIGHTS
-    evaluates: ClassVar[bool] = False
+    evaluates: ClassVar[bool] = True
+    # Its held-out rows: expert rubrics (HealthBench schema), loaded before any model and scored
+    # on the host; `evaluate` is the device part. (A method without `held_out` evaluates on
+    # anchor lists, as DynamicRubric does.)
+    held_out: ClassVar[type[ExpertRows]] = ExpertRows
 
     def check_config(self, config: Any) -> None:
         rc = RoundConfig(**config.round.to_dict())
@@ -264,7 +345,10 @@ class GenRubric(core.Method):
             raise ValueError(f"config.round.{err}") from None
         if config.oracle:
             raise ValueError("config.oracle is supported by the dynamic_rubric method only")
-        core.check_micro_batches(rc, self.round_shapes(rc, core.config_dims(config, self)))
+        eval_prompts = (config.data.eval_batch_size or config.data.batch_size
+                        if config.data.eval else None)
+        core.check_micro_batches(rc, self.round_shapes(rc, core.config_dims(config, self)),
+                                 eval_prompts)
 
     def check_round(self, config, oracle_reward):
         """Raises ValueError, naming the round key, for fewer than two rubric groups (a group
@@ -281,6 +365,9 @@ class GenRubric(core.Method):
 
     def round(self, setup, state, frozen, batch, rng, run=None):
         return genrubric_round(setup, state, frozen, batch, rng, run)
+
+    def evaluate(self, setup, state, frozen, batch, rng, run=None):
+        return genrubric_evaluation(setup, state, frozen, batch, rng, run)
 
     def templates(self, config, tokenizer, *, max_items, chat_template_kwargs=None,
                   style="full"):
@@ -317,7 +404,7 @@ class GenRubric(core.Method):
             verification=(Verification("induced responses", b * g, prefix + n,
                                        g * dims.items, dims.item_tokens + dims.readout_suffix),),
             updates=core.trained_updates(config, {
-                Role.GENERATOR: (b * g, generator_prompt, dims.rubric),
+                Role.GENERATOR: (b * g, generator_prompt, dims.rubric, g),
                 Role.POLICY: (b * g, policy_prompt, n)}),
             reads={
                 "generator rollout": (Read(Role.POLICY, "prompts, rng key", question, 8),),

@@ -156,14 +156,11 @@ def _dense_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) 
     return out.reshape(b, kv, n // kv, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, n, d)
 
 
-def _layer(config: ModelConfig, p: dict, x, cos, sin, mask, kv_write, drop_key=None):
-    """One pre-norm block. `kv_write(k, v) -> (k_all, v_all, cache_out)` splices in the cache;
-    `drop_key [B]`: this layer's LoRA dropout keys, one per row (None: no dropout)."""
-    dtype = jnp.dtype(config.dtype)
-    w = {name: value.astype(dtype) for name, value in p.items()}
-
-    def proj(name, x):
-        return lora_lib.project(name, x, w, config.lora, drop_key)
+def _attention_inputs(config: ModelConfig, w: dict, x, cos, sin, drop_key):
+    """A layer's queries `[B, T, heads, D]` and keys / values `[B, kv_heads, T, D]` (RoPE
+    applied; the KV-cache layout) from the residual stream `x [B, T, hidden]`."""
+    def proj(name, h):
+        return lora_lib.project(name, h, w, config.lora, drop_key)
 
     h = rms_norm(x, w["input_norm"], config.rms_norm_eps)
     q, k, v = proj("q_proj", h), proj("k_proj", h), proj("v_proj", h)
@@ -171,14 +168,81 @@ def _layer(config: ModelConfig, p: dict, x, cos, sin, mask, kv_write, drop_key=N
         q = rms_norm(q, w["q_norm"], config.rms_norm_eps)
         k = rms_norm(k, w["k_norm"], config.rms_norm_eps)
     q = apply_rope(q, cos, sin)
-    k = apply_rope(k, cos, sin).transpose(0, 2, 1, 3)  # [B, kv_heads, T, D]
-    v = v.transpose(0, 2, 1, 3)
-    k_all, v_all, cache_out = kv_write(k, v)
-    attn = attention(q, k_all, v_all, mask, config.attention_chunk)
+    k = apply_rope(k, cos, sin).transpose(0, 2, 1, 3)
+    return q, k, v.transpose(0, 2, 1, 3)
+
+
+def _attention_output(config: ModelConfig, w: dict, x, attn, drop_key):
+    """The rest of a pre-norm block after attention: output projection and the MLP."""
+    def proj(name, h):
+        return lora_lib.project(name, h, w, config.lora, drop_key)
+
     x = x + proj("o_proj", attn)
     h = rms_norm(x, w["post_attention_norm"], config.rms_norm_eps)
-    x = x + proj("down_proj", jax.nn.silu(proj("gate_proj", h)) * proj("up_proj", h))
-    return x, cache_out
+    return x + proj("down_proj", jax.nn.silu(proj("gate_proj", h)) * proj("up_proj", h))
+
+
+def _layer(config: ModelConfig, p: dict, x, cos, sin, mask, kv_write, drop_key=None):
+    """One pre-norm block. `kv_write(k, v) -> (k_all, v_all, cache_out)` splices in the cache;
+    `drop_key [B]`: this layer's LoRA dropout keys, one per row (None: no dropout)."""
+    dtype = jnp.dtype(config.dtype)
+    w = {name: value.astype(dtype) for name, value in p.items()}
+    q, k, v = _attention_inputs(config, w, x, cos, sin, drop_key)
+    k_all, v_all, cache_out = kv_write(k, v)
+    attn = attention(q, k_all, v_all, mask, config.attention_chunk)
+    return _attention_output(config, w, x, attn, drop_key), cache_out
+
+
+def branch_attention(q: jax.Array, prefix_k: jax.Array, prefix_v: jax.Array,
+                     prefix_valid: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+    """Attention of S branches that continue one shared prefix, without scores between
+    branches: each branch's queries attend to the prefix's keys (shared, never copied per
+    branch) and causally to their own.
+
+    `q [B, S, L, heads, D]`; `prefix_k`, `prefix_v [B, kv_heads, P, D]`, `prefix_valid
+    [B, P]`; `k`, `v [B, S, kv_heads, L, D]`. One softmax over both parts, so the result is
+    the dense masked attention over `[prefix, branch]` exactly. Returns `[B, S, L, heads, D]`.
+    """
+    b, s, l, n, d = q.shape
+    kv = prefix_k.shape[1]
+    q = q.reshape(b, s, l, kv, n // kv, d)
+    scale = d ** -0.5
+    low = jnp.finfo(jnp.float32).min
+    to_prefix = jnp.einsum("bslkgd,bkpd->bkgslp", q, prefix_k,
+                           preferred_element_type=jnp.float32) * scale
+    to_prefix = jnp.where(prefix_valid[:, None, None, None, None, :], to_prefix, low)
+    own = jnp.einsum("bslkgd,bskmd->bkgslm", q, k, preferred_element_type=jnp.float32) * scale
+    causal = jnp.arange(l)[:, None] >= jnp.arange(l)[None, :]
+    own = jnp.where(causal, own, low)
+    probs = jax.nn.softmax(jnp.concatenate([to_prefix, own], axis=-1), axis=-1)
+    probs = probs.astype(v.dtype)
+    p_len = prefix_k.shape[2]
+    out = (jnp.einsum("bkgslp,bkpd->bslkgd", probs[..., :p_len], prefix_v)
+           + jnp.einsum("bkgslm,bskmd->bslkgd", probs[..., p_len:], v))
+    return out.reshape(b, s, l, n, d)
+
+
+def _shared_prefix_layer(config: ModelConfig, p: dict, xs, rope, prefix_mask, drop_keys):
+    """One block over a prefix `[B, P, hidden]` and its branches `[B, S, L, hidden]` (see
+    `Decoder.shared_prefix_hidden`)."""
+    dtype = jnp.dtype(config.dtype)
+    w = {name: value.astype(dtype) for name, value in p.items()}
+    x_p, x_b = xs
+    (cos_p, sin_p), (cos_b, sin_b) = rope
+    drop_p, drop_b = drop_keys
+    b, s, l, hidden = x_b.shape
+    q_p, k_p, v_p = _attention_inputs(config, w, x_p, cos_p, sin_p, drop_p)
+    flat = x_b.reshape(b * s, l, hidden)
+    q_b, k_b, v_b = _attention_inputs(config, w, flat, cos_b, sin_b, drop_b)
+    causal = jnp.arange(x_p.shape[1])[:, None] >= jnp.arange(x_p.shape[1])[None, :]
+    attn_p = attention(q_p, k_p, v_p, causal[None] & prefix_mask[:, None, :],
+                       config.attention_chunk)
+    split = lambda t: t.reshape(b, s, *t.shape[1:])  # noqa: E731
+    attn_b = branch_attention(split(q_b), k_p, v_p, prefix_mask, split(k_b), split(v_b))
+    x_p = _attention_output(config, w, x_p, attn_p, drop_p)
+    x_b = _attention_output(config, w, flat, attn_b.reshape(b * s, l, *attn_b.shape[3:]),
+                            drop_b)
+    return x_p, x_b.reshape(b, s, l, hidden)
 
 
 _REMAT = {
@@ -334,6 +398,49 @@ class Decoder(nnx.Module):
             return hidden, None
         k_new, v_new = (tuple(t) for t in zip(*new_kv))
         return hidden, KVCache(k_new, v_new, slot_valid, cache.index + length)
+
+    def shared_prefix_hidden(self, prefix, prefix_mask, branches, lora_drop_keys=None):
+        """Final-normed hidden states of left-padded prefixes `[B, P]` (`prefix_mask [B, P]`)
+        and of S branches continuing each, `branches [B, S, L]` (every branch token real):
+        `([B, P, D], [B, S, L, D])`, equal to running each `prefix + branch` row on its own.
+
+        The prefix goes through the model once, not once per branch (a GRPO group's prompt,
+        Prefix Grouper's training-equivalent sharing); branch queries attend to its keys and
+        values and causally to their own (`branch_attention`), never to another branch.
+        `lora_drop_keys ([B], [B, S])`: LoRA dropout keys of the prefixes and the branches.
+        """
+        cfg = self.config
+        dtype = jnp.dtype(cfg.dtype)
+        b, s, l = branches.shape
+        prefix_mask = prefix_mask.astype(bool)
+        prefix_pos = jnp.maximum(jnp.cumsum(prefix_mask, axis=1) - 1, 0)
+        start = jnp.sum(prefix_mask, axis=1)  # the branches continue after the real tokens
+        branch_pos = jnp.broadcast_to(start[:, None, None] + jnp.arange(l), (b, s, l))
+        inv = inverse_frequencies(cfg.rope, cfg.head_dim)
+        rope = (rope_tables(prefix_pos, inv), rope_tables(branch_pos.reshape(b * s, l), inv))
+        table = self.embed[...].astype(dtype)
+        xs = (table[prefix], table[branches])
+        if lora_drop_keys is None:
+            drops = (None, None)
+        else:
+            drops = (lora_drop_keys[0], lora_drop_keys[1].reshape(b * s))
+
+        def body(xs, p, layer):
+            keys = tuple(None if k is None else jax.vmap(lambda key: jax.random.fold_in(
+                key, layer))(k) for k in drops)
+            return _shared_prefix_layer(cfg, p, xs, rope, prefix_mask, keys)
+
+        if cfg.remat != "none":
+            body = jax.checkpoint(body, policy=_REMAT[cfg.remat])
+        if cfg.scan_layers and not isinstance(self.layers, nnx.List):
+            xs, _ = jax.lax.scan(lambda xs, args: (body(xs, *args), None), xs,
+                                 ({name: p[...] for name, p in self.layers.items()},
+                                  jnp.arange(cfg.num_layers)))
+        else:
+            for i in range(cfg.num_layers):
+                xs = body(xs, self._layer_weights(i), i)
+        norm = lambda x: rms_norm(x, self.final_norm[...], cfg.rms_norm_eps)  # noqa: E731
+        return norm(xs[0]), norm(xs[1])
 
     def _layer_weights(self, i: int) -> dict[str, jax.Array]:
         if isinstance(self.layers, nnx.List):

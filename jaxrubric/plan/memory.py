@@ -97,8 +97,9 @@ def round_stages(rc: RoundConfig, shapes: RoundShapes, loc: Mapping[Role, Local]
         loc[Role.VERIFIER], v.rows, v.length, v.branches, ways, m))
         for v in shapes.verification]
     stages += [Stage(stage_key(u.role, 1), f"{u.role} update", update_phase(
-        loc[u.role], params[u.role], u.rows, u.prompt_len + u.completion_len, rc.logprob_chunk,
-        ways, rc.update_micro_batches)) for u in shapes.updates]
+        loc[u.role], params[u.role], u.rows, u.prompt_len, u.completion_len, rc.logprob_chunk,
+        ways, rc.update_micro_batches, u.group if u.shared(rc) else 1))
+        for u in shapes.updates]
     return stages
 
 
@@ -108,7 +109,9 @@ def uneven_micro_batches(rc: RoundConfig, shapes: RoundShapes, dims: RoundDims, 
     batch (on a mesh of `roles`): the plan counts the rows of the busiest chip, and the others
     repeat or idle."""
     stages = {"rollout": (dims.batch, "prompts", rc.rollout_micro_batches),
-              **{f"{u.role} update": (u.rows, "rows", rc.update_micro_batches)
+              **{f"{u.role} update": (u.micro_batch_units(rc),
+                                      "prompts" if u.shared(rc) else "rows",
+                                      rc.update_micro_batches)
                  for u in shapes.updates if u.role in roles}}
     notes = []
     for stage, (rows, unit, n) in stages.items():

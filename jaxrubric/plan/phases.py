@@ -190,20 +190,35 @@ def rollout_phase(loc: Local, prompt_rows: int, samples: int, prompt: int, new: 
                  "the prompts' cache + the larger of the prefill and the decode")
 
 
-def update_phase(loc: Local, params: RoleParams, rows: int, length: int, chunk: int, ways: int,
-                 micro_batches: int = 1) -> Phase:
-    """A GRPO update of one role on `rows` sequences of `length` tokens, one micro-batch of
-    them at a time (their gradients summed into a second gradient-sized buffer)."""
-    r = rows_per_device(rows // micro_batches, ways)
+def update_phase(loc: Local, params: RoleParams, rows: int, prompt_len: int,
+                 completion_len: int, chunk: int, ways: int, micro_batches: int = 1,
+                 group: int = 1) -> Phase:
+    """A GRPO update of one role on `rows` sequences (a prompt and a completion), one
+    micro-batch of them at a time (their gradients summed into a second gradient-sized
+    buffer). `group > 1`: each prompt is encoded once under its `group` completions
+    (`round.share_prefix`), and micro-batches split the prompts."""
     remat = params.config.remat
     items = [(f"gradients ({params.config.param_dtype})", params.bytes)]
     if micro_batches > 1:
         items.append((f"their sum over {micro_batches} micro-batches", params.bytes))
+    if group > 1:
+        r = rows_per_device(rows // group // micro_batches, ways)
+        length, keys = prompt_len + group * completion_len, prompt_len + completion_len
+        what = (f"{_rows_text(rows // group, micro_batches, 'prompts')} x ({prompt_len} + "
+                f"{group} x {completion_len}) tokens")
+        mask = loc.mask(r, prompt_len, prompt_len) + loc.mask(r * group, completion_len,
+                                                               completion_len)
+        logit_rows = r * group
+    else:
+        r = rows_per_device(rows // micro_batches, ways)
+        length = keys = prompt_len + completion_len
+        what = f"{_rows_text(rows, micro_batches)} x {length} tokens"
+        mask, logit_rows = loc.mask(r, length, length), r
     return summed(items + [
-        (f"saved activations (remat {remat}): {_rows_text(rows, micro_batches)} x {length} "
-         "tokens", loc.saved(r, length, remat) + loc.mask(r, length, length)),
-        ("backward of one layer", 2 * loc.working_set(r, length, length)),
-        (f"log-prob chunk: {chunk} tokens x {loc.vocab} vocabulary", 3 * r * chunk * loc.vocab * 4),
+        (f"saved activations (remat {remat}): {what}", loc.saved(r, length, remat) + mask),
+        ("backward of one layer", 2 * loc.working_set(r, length, keys)),
+        (f"log-prob chunk: {chunk} tokens x {loc.vocab} vocabulary",
+         3 * logit_rows * chunk * loc.vocab * 4),
         ("one layer's weights gathered", loc.gathered_layer),
     ])
 

@@ -1,0 +1,86 @@
+"""Shared-prefix GRPO updates (`round.share_prefix`) against the unshared update: model FLOPs
+(`jaxrubric/flops.py`) and wall time, at the 8B recipes' proportions scaled to a CPU.
+
+    python benchmarks/prefix_sharing.py [--repeats 3]
+
+Cases: the DynamicRubric generator update (a 2048-token prompt, the question and K answers,
+under G = 4 rubrics of 128 tokens) and the policy update (a 256-token prompt under K = 8
+answers of 256 tokens), one AdamW step each on a tiny Qwen3 (hidden 256, 4 layers, 8 heads,
+4 kv heads, vocabulary 8192, fp32), the same rows both ways. Times are the best of
+`--repeats` after one compiling call; ratios come from one run, so a busy box moves both
+sides.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from timing import best_time
+
+import jaxrubric
+from jaxrubric import flops
+from jaxrubric.methods import core
+
+CASES = {  # name -> (prompts, prompt tokens, samples per prompt, sample tokens)
+    "generator update (G=4 rubrics)": (2, 2048, 4, 128),
+    "policy update (K=8 answers)": (2, 256, 8, 256),
+}
+
+
+def _model() -> jaxrubric.Decoder:
+    cfg = jaxrubric.tiny_config("qwen3", vocab_size=8192, hidden_size=256, intermediate_size=768,
+                                num_layers=4, num_heads=8, num_kv_heads=4, head_dim=32,
+                                max_position_embeddings=4096)
+    return jaxrubric.init_model(cfg, seed=0)
+
+
+def _update(model, prompts: int, prompt_len: int, samples: int, length: int, shared: bool):
+    """A jitted one-step GRPO update of `model` on random rows, and its arguments."""
+    rng = np.random.default_rng(0)
+    prompt = jnp.asarray(rng.integers(3, 8000, (prompts, prompt_len)), jnp.int32)
+    prompt_mask = jnp.ones_like(prompt, bool)
+    completion = jnp.asarray(rng.integers(3, 8000, (prompts, samples, length)), jnp.int32)
+    mask = jnp.ones_like(completion, bool)
+    old = jnp.full(completion.shape, -9.0, jnp.float32)
+    advantages = jnp.asarray(rng.normal(size=(prompts, samples)), jnp.float32)
+    inputs = (prompt, prompt_mask, completion, mask, old, advantages)
+    if not shared:
+        rows = lambda x: x.reshape(prompts * samples, *x.shape[2:])  # noqa: E731
+        inputs = (jnp.repeat(prompt, samples, 0), jnp.repeat(prompt_mask, samples, 0),
+                  *(rows(x) for x in inputs[2:]))
+    graph, params = nnx.split(model, nnx.Param)
+    opt = optax.adamw(1e-5)
+    spec = core.RoleSpec(graph, opt, beta=0.0, frozen=False)
+    cfg = core.RoundConfig(logprob_chunk=128)
+    step = jax.jit(lambda p, o: core.grpo_role_update(
+        cfg, spec, core.RoleState(p, o), None, None, *inputs, jax.random.key(0))[0])
+    return step, (params, opt.init(params))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    model = _model()
+    print(f"device: {jax.devices()[0].device_kind}, jax {jax.__version__}")
+    print(f"{'case':<32}{'unshared s':>12}{'shared s':>10}{'time ratio':>12}{'FLOP ratio':>12}")
+    for name, (b, p, s, n) in CASES.items():
+        times = {}
+        for shared in (False, True):
+            step, step_args = _update(model, b, p, s, n, shared)
+            times[shared] = best_time(step, step_args, args.repeats)
+        unshared = flops.teacher_forced_flops(model.config, rows=b * s, prompt_len=p,
+                                              completion_len=n)
+        shared_flops = flops.shared_teacher_forced_flops(model.config, prompts=b, prompt_len=p,
+                                                         samples=s, completion_len=n)
+        print(f"{name:<32}{times[False]:>12.3f}{times[True]:>10.3f}"
+              f"{times[False] / times[True]:>11.2f}x{unshared / shared_flops:>11.2f}x")
+
+
+if __name__ == "__main__":
+    main()
