@@ -8,6 +8,11 @@ standard error (clustered by question), the co-evolving run's lead over the froz
 static run with 95% intervals (±1.96 times the standard error of the difference of two
 independent evaluations), and Δgap on each run's own answers at the last evaluation (the
 paper's mechanism: it stays open under co-evolution and closes under a stale evaluator).
+
+A seed's interval holds the evaluation's noise only (which questions, which sampled answers),
+not the training's: one run per seed is one draw of its rounds' sampling. With several seeds
+it also prints each lead's mean over the seeds with the standard error of that mean across
+seeds, which holds both (and the warm starts' spread).
 Measure run times without `XLA_FLAGS` (one CPU device), as a user runs `jaxrubric train`.
 """
 
@@ -57,6 +62,15 @@ def main() -> None:
         gaps = [f"{summary['delta_gap'][r][-1]:.3f}" for r in runs]
         print(f"| {seed} | " + " | ".join([*quality, *leads, *gaps, f"{seconds / 60:.1f}"])
               + " |")
+    if len(rows) > 1:
+        for other in ("frozen", "static"):
+            if other in rows[0][1]:
+                diffs = [lead(summary, "coevolve", other)[0] for _, summary, _ in rows]
+                mean = sum(diffs) / len(diffs)
+                se = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1)
+                               / len(diffs))
+                print(f"coevolve - {other} over {len(diffs)} seeds: {mean:+.3f} ± {se:.3f} "
+                      "(standard error across seeds: training and evaluation noise)")
 
 
 if __name__ == "__main__":

@@ -146,3 +146,16 @@ def test_unknown_mistake_and_item_kinds_are_errors():
         task.policy_warm_start_answer("big 381729", random.Random(0), 0.3, "keep_small")
     with pytest.raises(ValueError, match="kinds 'has'"):
         task.sound_criterion("big 381729", random.Random(0), "has")
+
+
+def test_malformed_items_are_outside_the_language_and_never_met():
+    """What the verifier learns to answer "no" to (`ToyWorldConfig.verifier_malformed`): items
+    outside the criterion language, which the checker never meets."""
+    rng = random.Random(0)
+    assert task.in_language("has 7") and task.in_language("omits 0")
+    assert not any(task.in_language(c) for c in ("has", "has 7 8", "hs 7", "] ] ] ]", "omits x"))
+    for _ in range(500):
+        prompt = task.anchor_rows(1, rng.randrange(10**6), 3)[0]["prompt"]
+        item = task.malformed_criterion(prompt, rng)
+        assert not task.in_language(item) and "\n" not in item, item
+        assert not task.check(item, prompt)

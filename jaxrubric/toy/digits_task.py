@@ -199,24 +199,65 @@ def anchor_rows(n: int, seed: int, num_anchors: int) -> list[dict]:
 
 
 # ------------------------------------------------------------------------ criterion language
+def in_language(criterion: str) -> bool:
+    """Is ``criterion`` a sentence of the criterion language (``has D`` or ``omits D``)?"""
+    words = criterion.split(" ")
+    return (len(words) == 2 and words[0] in ("has", "omits") and len(words[1]) == 1
+            and words[1] in DIGITS)
+
+
 def check(criterion: str, answer: str) -> bool:
     """The programmatic checker: does ``answer`` meet ``criterion``? Anything outside the
     language (a malformed item) is not met."""
-    words = criterion.split(" ")
-    if len(words) != 2 or len(words[1]) != 1 or not words[1].isdigit():
+    if not in_language(criterion):
         return False
-    op, digit = words
-    if op == "has":
-        return digit in answer
-    if op == "omits":
-        return digit not in answer
-    return False
+    op, digit = criterion.split(" ")
+    return (digit in answer) == (op == "has")
 
 
 def random_criterion(prompt: str, rng: random.Random) -> str:
     """``has D`` or ``omits D`` about a digit of the prompt (now and then any digit)."""
     pool = digits_of(prompt) if rng.random() < 0.9 else DIGITS
     return f"{rng.choice(('has', 'omits'))} {rng.choice(pool)}"
+
+
+# What a rubric item's text may hold besides the language's own words (the grammar allows any
+# text): the tokenizer's characters but the newline.
+ITEM_CHARS = CHARS.replace("\n", "")
+
+
+def malformed_criterion(prompt: str, rng: random.Random) -> str:
+    """An item outside the criterion language, which the checker never meets: a valid item
+    with one character substituted, dropped, inserted or doubled (``omitl 3``, ``hs 9``), one
+    cut short or run on (``omits``, ``has 3 5``), or a short run of any characters (``] ] ]``).
+    The verifier learns them as "no": otherwise its verdicts on text it never saw are
+    arbitrary functions of the answer that a generator trained on discriminability finds and
+    exploits (the first toy world's generator wrote nothing but ``] ] ] ]``, which its verifier
+    read as "the answer is short")."""
+    while True:
+        kind = rng.random()
+        if kind < 0.4:
+            text = list(random_criterion(prompt, rng))
+            i = rng.randrange(len(text))
+            edit = rng.choice(("substitute", "drop", "insert", "double"))
+            if edit == "substitute":
+                text[i] = rng.choice(ITEM_CHARS)
+            elif edit == "drop":
+                del text[i]
+            elif edit == "insert":
+                text.insert(i, rng.choice(ITEM_CHARS))
+            else:
+                text.insert(i, text[i])
+            criterion = "".join(text)
+        elif kind < 0.6:
+            valid = random_criterion(prompt, rng)
+            criterion = (valid[:rng.randrange(1, len(valid))] if rng.random() < 0.5
+                         else valid + rng.choice((" ", "")) + rng.choice(ITEM_CHARS))
+        else:
+            criterion = "".join(rng.choice(ITEM_CHARS) for _ in range(rng.randint(1, 7)))
+        criterion = criterion.strip(" ")
+        if criterion and not in_language(criterion):
+            return criterion
 
 
 def sound_criterion(prompt: str, rng: random.Random, kinds: str = "both") -> str:

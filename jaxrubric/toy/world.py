@@ -77,6 +77,12 @@ class ToyWorldConfig:
     teacher_informed: float = 0.5  # generator cold start: share of sound rubric items
     verifier_steps: int = 300
     verifier_items: int = 12  # labelled criteria per (question, answer) in one tree forward
+    # Share of those criteria outside the language (`digits_task.malformed_criterion`,
+    # labelled "no" as the checker labels them). A verifier that never saw one judges the
+    # generator's malformed items arbitrarily, and the generator may learn to write nothing
+    # else (seed 1's wrote only "] ] ] ]", read as "the answer is short"). 0 keeps the
+    # verifier's training stream as it was (the README's table); see issue 12's note for 0.25.
+    verifier_malformed: float = 0.0
     policy_steps: int = 300
     generator_steps: int = 300
     sft_batch: int = 64
@@ -90,6 +96,10 @@ class ToyWorldConfig:
     teacher_sound: str = "omits"  # digits_task.sound_criterion kinds of the cold start
     policy_score: str = "best_group"  # RoundConfig.policy_score
     anchor_weight: float = 1.0  # lambda of the generator's reward
+    # KL of the generator to its reference (RoundConfig.generator_beta; the 8B recipes use
+    # 0.01). The reference is the role's weights at the start of each run: the cold start
+    # for the generator's own rounds, their result for the compared runs.
+    generator_beta: float = 0.0
     hidden_size: int = 64
     num_layers: int = 2
     verifier_hidden_size: int = 64
@@ -140,27 +150,32 @@ def _policy_prompt(tokenizer: Any, question: str) -> list[int]:
     return _ids(tokenizer, chat)
 
 
-def verifier_examples(tokenizer: Any, rng: random.Random, n: int) -> tuple[list, list]:
-    """(prompt ids, [yes or no id]) pairs labelled by the checker, half of each label."""
+def verifier_examples(tokenizer: Any, rng: random.Random, n: int, malformed: bool = False
+                      ) -> tuple[list, list]:
+    """(prompt ids, [yes or no id]) pairs labelled by the checker, half of each label
+    (`malformed`: criteria outside the language instead, every one "no")."""
     template = tpl.verifier_template(tokenizer, style="compact")
     yes, no = _ids(tokenizer, "yes"), _ids(tokenizer, "no")
-    prompts, targets, wanted = [], [], True
+    prompts, targets, wanted = [], [], not malformed
     while len(prompts) < n:
         question, _ = task.make_prompt(rng)
         answer = task.noisy_answer(question, rng)
-        criterion = task.random_criterion(question, rng)
+        criterion = (task.malformed_criterion(question, rng) if malformed
+                     else task.random_criterion(question, rng))
         if task.check(criterion, answer) != wanted:
             continue
         prompts.append(_template_ids(template, tokenizer, question, answer, criterion))
         targets.append(yes if wanted else no)
-        wanted = not wanted
+        wanted = not wanted and not malformed
     return prompts, targets
 
 
 def verifier_batch(tokenizer: Any, rng: random.Random, rows: int, items: int,
                    cfg: ToyWorldConfig) -> dict[str, np.ndarray]:
     """Tree-verification inputs (`jaxrubric.rubric.verifier.verify`'s layout, one response and
-    one group per row) with `items` checker-labelled criteria per (question, answer)."""
+    one group per row) with `items` checker-labelled criteria per (question, answer), a share
+    `cfg.verifier_malformed` of them outside the language (at most `max_item_tokens` long, as
+    the grammar lets the generator write them)."""
     head = tpl.verifier_template(tokenizer, style="compact").head(2)
     width = head.constant_length + 12 + 8
     out = {"prefix": np.full((rows, 1, width), tokenizer.pad_token_id, np.int32),
@@ -176,8 +191,13 @@ def verifier_batch(tokenizer: Any, rng: random.Random, rows: int, items: int,
         out["prefix"][r, 0, :len(prefix)] = prefix
         out["prefix_len"][r, 0] = len(prefix)
         for m in range(items):
-            criterion = task.random_criterion(question, rng)
-            ids = _ids(tokenizer, criterion)
+            while True:
+                malformed = cfg.verifier_malformed and rng.random() < cfg.verifier_malformed
+                criterion = (task.malformed_criterion(question, rng) if malformed
+                             else task.random_criterion(question, rng))
+                ids = _ids(tokenizer, criterion)
+                if len(ids) <= cfg.max_item_tokens:
+                    break
             out["items"][r, 0, m, :len(ids)] = ids
             out["item_len"][r, 0, m] = len(ids)
             out["labels"][r, 0, 0, m] = task.check(criterion, answer)
@@ -343,7 +363,7 @@ def run_config(name: str, workdir: Path, paths: dict[str, Path], cfg: ToyWorldCo
     c.round.policy_score = cfg.policy_score
     c.round.anchor_weight = cfg.anchor_weight
     c.round.policy_beta = 0.0
-    c.round.generator_beta = 0.0
+    c.round.generator_beta = cfg.generator_beta
     c.optim.policy_lr = cfg.policy_lr
     c.optim.generator_lr = cfg.generator_lr
     c.rounds = cfg.rounds
@@ -487,13 +507,15 @@ def run_toy_world(workdir: str | Path, cfg: ToyWorldConfig = ToyWorldConfig()) -
     return summarize(workdir, cfg)
 
 
-def verifier_accuracy(workdir: str | Path, n: int = 512, seed: int = 1234) -> float:
+def verifier_accuracy(workdir: str | Path, n: int = 512, seed: int = 1234,
+                      malformed: bool = False) -> float:
     """Held-out accuracy of the saved verifier on fresh checker-labelled triples (a check that
-    its warm start worked; the round reads the same yes/no probabilities)."""
+    its warm start worked; the round reads the same yes/no probabilities); `malformed`: on
+    criteria outside the language (accuracy = the share it says "no" to)."""
     workdir = Path(workdir)
     tokenizer = jaxrubric.load_tokenizer(workdir / "tokenizer")
     model = jaxrubric.load_pretrained(workdir / "models" / "verifier")
-    prompts, targets = verifier_examples(tokenizer, random.Random(seed), n)
+    prompts, targets = verifier_examples(tokenizer, random.Random(seed), n, malformed)
     template = tpl.verifier_template(tokenizer, style="compact")
     from jaxrubric.rubric.verifier import verifier_readout, yes_probability
     readout = verifier_readout(tokenizer, template)
@@ -540,3 +562,67 @@ def mistake_profile(workdir: str | Path, run: str | None = None, *, samples: int
     return {"quality": float(np.mean(quality)), "drops_a_big_digit": float(np.mean(drops_big)),
             "keeps_a_small_digit": float(np.mean(keeps_small))}
 
+
+
+def rubric_profile(workdir: str | Path, run: str | None = None, *, questions: int = 64,
+                   seed: int = 7) -> dict[str, float]:
+    """What the generator of `run` (its latest checkpoint; None: the generator every run starts
+    from) writes for held-out questions and its run's policy's answers (the warm start's for
+    None), grammar-constrained as in a round: the weighted share of its items inside the
+    criterion language, and of those that catch each kind of mistake (``has`` a big digit:
+    one dropped; ``omits`` a small digit: one kept) or reward one (``has`` small, ``omits``
+    big). A generator whose items leave the language is exploiting the verifier."""
+    from jaxrubric.rubric.grammar import POSITIVE_WEIGHTS, build_rubric_grammar
+    from jaxrubric.sampling import generate
+    from jaxrubric.train import export
+
+    workdir = Path(workdir)
+    cfg = json.loads((workdir / "toy_config.json").read_text())
+    tokenizer = jaxrubric.load_tokenizer(workdir / "tokenizer")
+    static = run in STATIC_RUNS
+    generator_dir = workdir / "models" / ("generator_static" if static else "generator")
+    policy_dir = workdir / "models" / "policy"
+    if run is not None:
+        generator_dir = workdir / "exported" / f"{run}_generator"
+        policy_dir = workdir / "exported" / run
+        for role, out in (("generator", generator_dir), ("policy", policy_dir)):
+            if not (out / "config.json").exists():
+                export(workdir / "runs" / run, role, out, oracle=task.oracle_reward)
+    rows = [json.loads(line) for line in
+            (workdir / "data" / "eval.jsonl").read_text().splitlines()][:questions]
+    k = cfg["num_responses"]
+    key = jax.random.key(seed)
+    answers = generate(jaxrubric.load_pretrained(policy_dir),
+                       [_policy_prompt(tokenizer, r["prompt"]) for r in rows], max_new_tokens=8,
+                       rng=key, num_samples=k, pad_id=tokenizer.pad_token_id)
+    template = tpl.dynamic_rubric_generator_template(
+        tokenizer, 0 if static else k, max_items=cfg["max_items"], style="compact")
+    prompts = []
+    for row, tokens, lengths in zip(rows, np.asarray(answers.tokens), np.asarray(answers.lengths)):
+        shown = [tokenizer.decode(ids[:n], skip_special_tokens=True)
+                 for ids, n in zip(tokens, lengths)]
+        prompts.append(_template_ids(template, tokenizer, row["prompt"],
+                                     *([] if static else shown)))
+    grammar = build_rubric_grammar(tokenizer, weights=POSITIVE_WEIGHTS,
+                                   max_items=cfg["max_items"],
+                                   max_item_tokens=cfg["max_item_tokens"])
+    rubrics = generate(jaxrubric.load_pretrained(generator_dir), prompts,
+                       max_new_tokens=grammar.max_rubric_tokens, rng=jax.random.fold_in(key, 1),
+                       num_samples=8, grammar=grammar, pad_id=tokenizer.pad_token_id)
+    kinds = dict.fromkeys(("in_language", "has_big", "omits_small", "has_small", "omits_big"),
+                          0.0)
+    total = 0.0
+    for row, tokens, lengths in zip(rows, np.asarray(rubrics.tokens), np.asarray(rubrics.lengths)):
+        for ids, n in zip(tokens, lengths):
+            for line in tokenizer.decode(ids[:n], skip_special_tokens=True).splitlines():
+                weight, _, criterion = line.partition("] ")
+                if not weight.startswith("[") or not criterion:
+                    continue
+                w = float(weight[1:])
+                total += w
+                if task.in_language(criterion):
+                    kinds["in_language"] += w
+                    op, digit = criterion.split(" ")
+                    big = digit > "4"
+                    kinds[f"{op}_{'big' if big else 'small'}"] += w * (digit in row["prompt"])
+    return {name: value / max(total, 1.0) for name, value in kinds.items()}
