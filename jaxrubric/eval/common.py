@@ -100,6 +100,15 @@ def item(tokenizer: Any, criterion: str, weight: int, max_tokens: int) -> Item:
     return Item(criterion, weight, ids[:max_tokens], len(ids) > max_tokens)
 
 
+def generated_groups(tokenizer: Any, rubrics: list[dict[str, Any]], max_tokens: int,
+                     counts: Counter) -> list[list[Item]]:
+    """The written rubrics' items (``writer`` rows: ``{"items": [(criterion, weight)]}``) as
+    verifier items, one group per rubric; cut criteria are counted as ``generated_items``."""
+    groups = [[item(tokenizer, c, w, max_tokens) for c, w in r["items"]] for r in rubrics]
+    counts["generated_items"] += sum(i.truncated for group in groups for i in group)
+    return groups
+
+
 def last_tokens(tokenizer: Any, text: str, cap: int, counts: Counter, name: str) -> list[int]:
     """A prompt's last ``cap`` tokens (its latest turns); a cut is counted under ``name``."""
     ids = encode(tokenizer, text)

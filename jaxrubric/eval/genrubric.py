@@ -140,9 +140,8 @@ def evaluate(records: Sequence[HealthBenchRecord], verifier: Any, verifier_token
             written = writer(prompts, jax.random.fold_in(key, step))
         batch_queries = []
         for record, rubrics in zip(batch, written):
-            generated = [[common.item(verifier_tokenizer, c, w, config.max_item_tokens)
-                          for c, w in rubric["items"]] for rubric in rubrics]
-            counts["generated_items"] += sum(i.truncated for group in generated for i in group)
+            generated = common.generated_groups(verifier_tokenizer, rubrics,
+                                                config.max_item_tokens, counts)
             query = queries[record.id]
             batch_queries.append(dataclasses.replace(query, groups=[*generated, *query.groups]))
         out = judge(batch_queries)

@@ -106,9 +106,8 @@ def evaluate_preferences(sets: Sequence[CandidateSet], generator: Any, generator
         written = writer(prompts, jax.random.fold_in(key, step))
         batch_queries = []
         for s, rubrics in zip(batch, written):
-            groups = [[common.item(verifier_tokenizer, c, w, config.max_item_tokens)
-                       for c, w in r["items"]] for r in rubrics]
-            counts["generated_items"] += sum(i.truncated for g in groups for i in g)
+            groups = common.generated_groups(verifier_tokenizer, rubrics,
+                                             config.max_item_tokens, counts)
             batch_queries.append(dataclasses.replace(queries[s.id], groups=groups))
         out = judge(batch_queries)
         for b, (s, query, rubrics) in enumerate(zip(batch, batch_queries, written)):

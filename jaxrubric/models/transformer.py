@@ -222,6 +222,11 @@ def branch_attention(q: jax.Array, prefix_k: jax.Array, prefix_v: jax.Array,
     return out.reshape(b, s, l, n, d)
 
 
+def _layer_keys(keys: jax.Array | None, layer) -> jax.Array | None:
+    """Each row's LoRA dropout key for one layer (the layer folded in); None stays None."""
+    return None if keys is None else jax.vmap(lambda key: jax.random.fold_in(key, layer))(keys)
+
+
 def _shared_prefix_layer(config: ModelConfig, p: dict, xs, rope, prefix_mask, drop_keys):
     """One block over a prefix `[B, P, hidden]` and its branches `[B, S, L, hidden]` (see
     `Decoder.shared_prefix_hidden`)."""
@@ -364,8 +369,7 @@ class Decoder(nnx.Module):
         x = self.embed[...].astype(dtype)[tokens]
 
         def body(x, p, layer, k_cache=None, v_cache=None):
-            drop = None if lora_drop_keys is None else jax.vmap(
-                lambda key: jax.random.fold_in(key, layer))(lora_drop_keys)
+            drop = _layer_keys(lora_drop_keys, layer)
 
             def kv_write(k, v):
                 if k_cache is None:
@@ -426,8 +430,7 @@ class Decoder(nnx.Module):
             drops = (lora_drop_keys[0], lora_drop_keys[1].reshape(b * s))
 
         def body(xs, p, layer):
-            keys = tuple(None if k is None else jax.vmap(lambda key: jax.random.fold_in(
-                key, layer))(k) for k in drops)
+            keys = tuple(_layer_keys(k, layer) for k in drops)
             return _shared_prefix_layer(cfg, p, xs, rope, prefix_mask, keys)
 
         if cfg.remat != "none":
