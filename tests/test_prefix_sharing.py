@@ -1,7 +1,9 @@
 """Shared-prefix updates (`round.share_prefix`): a GRPO group's prompt encoded once, its samples
 as branches attending to it, gives the log-probs, gradients and updates of the unshared rows,
 for every loss aggregation, with micro-batches, LoRA and a KL reference, on one device and on
-the 8-device mesh."""
+the 8-device mesh. Below them, the decoder's shared-prefix forward itself: branches with padding
+anywhere (the verifier's item slots) read as their unpadded rows, and branch queries in blocks
+(`attention_chunk`) give the hidden states and gradients of the single einsum."""
 
 from __future__ import annotations
 
@@ -112,3 +114,53 @@ def test_the_shared_update_on_the_8_device_mesh_equals_the_unshared_update():
     for a, b in zip(jax.tree.leaves(want_state), jax.tree.leaves(got_state), strict=True):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-5, atol=1e-6)
+
+
+def _padded_case(**overrides):
+    """A tiny decoder; 2 prefixes of 6 slots (2 left pads; 1 right pad) under 3 branches of 7
+    slots each, padded before, inside and after their real tokens (one branch all real)."""
+    model = jaxrubric.init_model(jaxrubric.tiny_config("qwen3", **overrides), seed=2)
+    rng = np.random.default_rng(4)
+    prefix = jnp.asarray(rng.integers(3, 257, (2, 6)), jnp.int32)
+    prefix_mask = jnp.asarray([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 0]], bool)
+    branches = jnp.asarray(rng.integers(3, 257, (2, 3, 7)), jnp.int32)
+    branch_mask = jnp.asarray([[[1, 1, 0, 0, 1, 1, 1], [1, 0, 0, 0, 0, 1, 1],
+                                [1, 1, 1, 1, 1, 1, 1]],
+                               [[0, 1, 1, 0, 1, 0, 1], [1, 1, 1, 1, 0, 1, 1],
+                                [1, 1, 0, 1, 1, 1, 0]]], bool)
+    return model, (prefix, prefix_mask, branches, branch_mask)
+
+
+def test_padded_branches_equal_their_unpadded_rows():
+    model, (prefix, prefix_mask, branches, branch_mask) = _padded_case()
+    prefix_h, branch_h = jax.jit(lambda p, pm, br, bm: model.shared_prefix_hidden(
+        p, pm, br, branch_mask=bm))(prefix, prefix_mask, branches, branch_mask)
+    for b, s in np.ndindex(2, 3):
+        real_p, real_b = np.asarray(prefix_mask[b]), np.asarray(branch_mask[b, s])
+        row = jnp.concatenate([prefix[b][real_p], branches[b, s][real_b]])[None]
+        want, _ = model.hidden_states(row)
+        np.testing.assert_allclose(prefix_h[b][real_p], want[0, :real_p.sum()], atol=1e-5)
+        np.testing.assert_allclose(branch_h[b, s][real_b], want[0, real_p.sum():], atol=1e-5)
+
+
+@pytest.mark.parametrize("chunk", [4, 7])
+def test_branch_queries_in_blocks_equal_the_single_einsum(chunk):
+    """chunk 4: one position of the 3 branches per block; 7: two, the last block overlapping
+    the one before (7 positions). Hidden states and parameter gradients, remat full."""
+    outs = []
+    for attention_chunk in (0, chunk):
+        model, inputs = _padded_case(attention_chunk=attention_chunk, remat="full")
+        graph, params = nnx.split(model)
+        weights = jax.random.normal(jax.random.key(0), (2, 3, 7, model.config.hidden_size))
+
+        def loss(p):
+            _, hidden = nnx.merge(graph, p).shared_prefix_hidden(*inputs[:3],
+                                                                 branch_mask=inputs[3])
+            return jnp.sum(jnp.where(inputs[3][..., None], hidden, 0) * weights), hidden
+
+        outs.append(jax.jit(jax.grad(loss, has_aux=True))(params))
+    (want_grads, want), (got_grads, got) = outs
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    for a, b in zip(jax.tree.leaves(want_grads), jax.tree.leaves(got_grads), strict=True):
+        # Sums over every token: gradients reach ~300, so fp32 rounding of the largest entry.
+        assert np.abs(np.asarray(b - a)).max() <= 1e-5 * max(np.abs(np.asarray(a)).max(), 1)

@@ -95,7 +95,8 @@ class ModelConfig:
     as a name or a JAX / NumPy dtype, and stored as its name (`dtype_name`).
     `attention_chunk` > 0 computes attention over blocks of that many queries when a call has
     more queries than that, so one layer holds `[rows, heads, chunk, S]` scores instead of
-    `[rows, heads, T, S]` (long prompts, tree rows); 0 keeps the single einsum.
+    `[rows, heads, T, S]` (long prompts, many branches of a shared prefix); 0 keeps the single
+    einsum.
     `lora`: LoRA adapters beside the targeted projections' weights (None: none); `param_dtype`
     is then the adapters' storage dtype (a LoRA role's frozen base is loaded in `dtype`).
     """

@@ -3,7 +3,9 @@
 Layer weights are stored stacked along a leading `layers` axis, so the same parameters run either
 under `lax.scan` (one compiled layer: fast compiles for 36-layer models) or as an unrolled loop.
 Attention takes explicit positions and an explicit mask (or segment ids), so packed sequences and
-tree masks (a shared prefix with many branches, as the verifier uses) need nothing special.
+tree masks need nothing special. A shared prefix under many branches (a GRPO group's prompt, a
+verifier prefix under its items) has its own path, `Decoder.shared_prefix_hidden`: the prefix
+encoded once, and no scores computed between branches.
 
 Every parameter carries `logical_axes` metadata; `jaxrubric.sharding` maps those names to mesh
 axes. No sharding decision lives here.
@@ -116,30 +118,41 @@ def chunked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
     """`attention` computed over blocks of `chunk` queries, one block after another.
 
     The dense form holds float32 scores `[B, heads, T, S]`: with long prompts or tree rows that
-    one tensor is what runs a layer out of memory. A block holds `[B, heads, chunk, S]`, and
-    each block is a `jax.checkpoint`, so the backward pass recomputes one block's
-    probabilities at a time instead of keeping all of them. The last block ends at the last
-    query (overlapping the one before when `chunk` does not divide T; its repeated rows are
-    dropped), so nothing is padded and each block reads its rows of `mask` in place. Keys and
-    values enter the blocks in float32 so their cotangents, summed over blocks, keep the
-    precision the dense einsum's accumulation has.
+    one tensor is what runs a layer out of memory. A block holds `[B, heads, chunk, S]`
+    (`_query_blocks`). Keys and values enter the blocks in float32 so their cotangents, summed
+    over blocks, keep the precision the dense einsum's accumulation has.
     """
-    b, t, n, d = q.shape
+    k32, v32 = k.astype(jnp.float32), v.astype(jnp.float32)
+    return _query_blocks(
+        lambda q_b, mask_b: _dense_attention(q_b, k32.astype(k.dtype), v32.astype(v.dtype),
+                                             mask_b), q, mask, chunk, axis=1)
+
+
+def _query_blocks(attend, q: jax.Array, mask: jax.Array, chunk: int, axis: int) -> jax.Array:
+    """`attend(q, mask)` over blocks of `chunk` queries along `axis` (of `q`, of its output
+    and of the mask's query rows), one block after another.
+
+    Each block is a `jax.checkpoint`, so the backward pass recomputes one block's
+    probabilities at a time instead of keeping all of them. The last block ends at the last
+    query (overlapping the one before when `chunk` does not divide the queries; its repeated
+    rows are dropped), so nothing is padded and each block reads its rows of `mask` in place.
+    """
+    t = q.shape[axis]
     blocks = -(-t // chunk)
     starts = np.minimum(np.arange(blocks) * chunk, t - chunk)
-    q_blocks = jnp.stack([q[:, s:s + chunk] for s in starts])
-    k32, v32 = k.astype(jnp.float32), v.astype(jnp.float32)
+    q_blocks = jnp.stack([jax.lax.slice_in_dim(q, s, s + chunk, axis=axis) for s in starts])
 
     @jax.checkpoint
     def block(xs: tuple[jax.Array, jax.Array]) -> jax.Array:
         start, q_b = xs
-        mask_b = jax.lax.dynamic_slice_in_dim(mask, start, chunk, axis=1)
-        return _dense_attention(q_b, k32.astype(k.dtype), v32.astype(v.dtype), mask_b)
+        return attend(q_b, jax.lax.dynamic_slice_in_dim(mask, start, chunk, axis=axis))
 
-    out = jax.lax.map(block, (jnp.asarray(starts), q_blocks))  # [blocks, B, chunk, heads, D]
+    out = jax.lax.map(block, (jnp.asarray(starts), q_blocks))  # [blocks, ..., chunk, ...]
     tail = t - (blocks - 1) * chunk  # rows of the last block that no other block has
-    head = out[:-1].swapaxes(0, 1).reshape(b, (blocks - 1) * chunk, n, d)
-    return jnp.concatenate([head, out[-1][:, chunk - tail:]], axis=1)
+    head = jnp.moveaxis(out[:-1], 0, axis)
+    head = head.reshape(*q.shape[:axis], (blocks - 1) * chunk, *head.shape[axis + 2:])
+    last = jax.lax.slice_in_dim(out[-1], chunk - tail, chunk, axis=axis)
+    return jnp.concatenate([head, last], axis=axis)
 
 
 def _dense_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
@@ -194,32 +207,58 @@ def _layer(config: ModelConfig, p: dict, x, cos, sin, mask, kv_write, drop_key=N
 
 
 def branch_attention(q: jax.Array, prefix_k: jax.Array, prefix_v: jax.Array,
-                     prefix_valid: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+                     prefix_valid: jax.Array, k: jax.Array, v: jax.Array,
+                     branch_valid: jax.Array | None = None, chunk: int = 0) -> jax.Array:
     """Attention of S branches that continue one shared prefix, without scores between
     branches: each branch's queries attend to the prefix's keys (shared, never copied per
     branch) and causally to their own.
 
     `q [B, S, L, heads, D]`; `prefix_k`, `prefix_v [B, kv_heads, P, D]`, `prefix_valid
-    [B, P]`; `k`, `v [B, S, kv_heads, L, D]`. One softmax over both parts, so the result is
-    the dense masked attention over `[prefix, branch]` exactly. Returns `[B, S, L, heads, D]`.
+    [B, P]`; `k`, `v [B, S, kv_heads, L, D]`; `branch_valid [B, S, L]` the real tokens of
+    each branch (None: all), padding anywhere in a branch is never attended. One softmax over
+    both parts, so the result is the dense masked attention over `[prefix, branch]` exactly.
+    With `0 < chunk`, the branches' queries go through `_query_blocks` by positions: a block
+    holds the same `max(1, chunk // S)` positions of every branch, about `chunk` queries, as
+    `chunked_attention` would hold. Returns `[B, S, L, heads, D]`.
     """
-    b, s, l, n, d = q.shape
+    b, s, l = q.shape[:3]
+    own = jnp.arange(l)[:, None] >= jnp.arange(l)[None, :]
+    if branch_valid is None:
+        own = jnp.broadcast_to(own, (b, s, l, l))
+    else:
+        own = own & branch_valid.astype(bool)[:, :, None, :]
+    rows = max(1, chunk // s)
+    if not 0 < chunk or rows >= l:
+        return _branch_attention(q, prefix_k, prefix_v, prefix_valid, k, v, own)
+    kv = (prefix_k, prefix_v, k, v)
+    kv32 = [x.astype(jnp.float32) for x in kv]  # as in `chunked_attention`
+
+    def attend(q_b: jax.Array, own_b: jax.Array) -> jax.Array:
+        pk, pv, k_b, v_b = (x32.astype(x.dtype) for x32, x in zip(kv32, kv))
+        return _branch_attention(q_b, pk, pv, prefix_valid, k_b, v_b, own_b)
+
+    return _query_blocks(attend, q, own, rows, axis=2)
+
+
+def _branch_attention(q, prefix_k, prefix_v, prefix_valid, k, v, own_mask):
+    """`branch_attention` of the queries `q [B, S, T, heads, D]` (T of the L positions), with
+    `own_mask [B, S, T, L]`: which of its branch's keys each query sees."""
+    b, s, t, n, d = q.shape
     kv = prefix_k.shape[1]
-    q = q.reshape(b, s, l, kv, n // kv, d)
+    q = q.reshape(b, s, t, kv, n // kv, d)
     scale = d ** -0.5
     low = jnp.finfo(jnp.float32).min
     to_prefix = jnp.einsum("bslkgd,bkpd->bkgslp", q, prefix_k,
                            preferred_element_type=jnp.float32) * scale
     to_prefix = jnp.where(prefix_valid[:, None, None, None, None, :], to_prefix, low)
     own = jnp.einsum("bslkgd,bskmd->bkgslm", q, k, preferred_element_type=jnp.float32) * scale
-    causal = jnp.arange(l)[:, None] >= jnp.arange(l)[None, :]
-    own = jnp.where(causal, own, low)
+    own = jnp.where(own_mask[:, None, None], own, low)
     probs = jax.nn.softmax(jnp.concatenate([to_prefix, own], axis=-1), axis=-1)
     probs = probs.astype(v.dtype)
     p_len = prefix_k.shape[2]
     out = (jnp.einsum("bkgslp,bkpd->bslkgd", probs[..., :p_len], prefix_v)
            + jnp.einsum("bkgslm,bskmd->bslkgd", probs[..., p_len:], v))
-    return out.reshape(b, s, l, n, d)
+    return out.reshape(b, s, t, n, d)
 
 
 def _layer_keys(keys: jax.Array | None, layer) -> jax.Array | None:
@@ -227,14 +266,15 @@ def _layer_keys(keys: jax.Array | None, layer) -> jax.Array | None:
     return None if keys is None else jax.vmap(lambda key: jax.random.fold_in(key, layer))(keys)
 
 
-def _shared_prefix_layer(config: ModelConfig, p: dict, xs, rope, prefix_mask, drop_keys):
-    """One block over a prefix `[B, P, hidden]` and its branches `[B, S, L, hidden]` (see
-    `Decoder.shared_prefix_hidden`)."""
+def _shared_prefix_layer(config: ModelConfig, p: dict, xs, rope, masks, drop_keys):
+    """One block over a prefix `[B, P, hidden]` and its branches `[B, S, L, hidden]`; `masks`:
+    the prefix's and the branches' real tokens (see `Decoder.shared_prefix_hidden`)."""
     dtype = jnp.dtype(config.dtype)
     w = {name: value.astype(dtype) for name, value in p.items()}
     x_p, x_b = xs
     (cos_p, sin_p), (cos_b, sin_b) = rope
     drop_p, drop_b = drop_keys
+    prefix_mask, branch_mask = masks
     b, s, l, hidden = x_b.shape
     q_p, k_p, v_p = _attention_inputs(config, w, x_p, cos_p, sin_p, drop_p)
     flat = x_b.reshape(b * s, l, hidden)
@@ -243,7 +283,8 @@ def _shared_prefix_layer(config: ModelConfig, p: dict, xs, rope, prefix_mask, dr
     attn_p = attention(q_p, k_p, v_p, causal[None] & prefix_mask[:, None, :],
                        config.attention_chunk)
     split = lambda t: t.reshape(b, s, *t.shape[1:])  # noqa: E731
-    attn_b = branch_attention(split(q_b), k_p, v_p, prefix_mask, split(k_b), split(v_b))
+    attn_b = branch_attention(split(q_b), k_p, v_p, prefix_mask, split(k_b), split(v_b),
+                              branch_mask, config.attention_chunk)
     x_p = _attention_output(config, w, x_p, attn_p, drop_p)
     x_b = _attention_output(config, w, flat, attn_b.reshape(b * s, l, *attn_b.shape[3:]),
                             drop_b)
@@ -403,23 +444,31 @@ class Decoder(nnx.Module):
         k_new, v_new = (tuple(t) for t in zip(*new_kv))
         return hidden, KVCache(k_new, v_new, slot_valid, cache.index + length)
 
-    def shared_prefix_hidden(self, prefix, prefix_mask, branches, lora_drop_keys=None):
-        """Final-normed hidden states of left-padded prefixes `[B, P]` (`prefix_mask [B, P]`)
-        and of S branches continuing each, `branches [B, S, L]` (every branch token real):
-        `([B, P, D], [B, S, L, D])`, equal to running each `prefix + branch` row on its own.
+    def shared_prefix_hidden(self, prefix, prefix_mask, branches, lora_drop_keys=None,
+                             branch_mask=None):
+        """Final-normed hidden states of prefixes `[B, P]` (`prefix_mask [B, P]`: their real
+        tokens, padded anywhere) and of S branches continuing each, `branches [B, S, L]`
+        (`branch_mask [B, S, L]`: their real tokens; None: all real): `([B, P, D],
+        [B, S, L, D])`, equal at real tokens to running each prefix + branch, padding removed,
+        as one plain sequence.
 
         The prefix goes through the model once, not once per branch (a GRPO group's prompt,
-        Prefix Grouper's training-equivalent sharing); branch queries attend to its keys and
-        values and causally to their own (`branch_attention`), never to another branch.
+        Prefix Grouper's training-equivalent sharing; a verifier prefix under its items);
+        branch queries attend to its keys and values and causally to their own
+        (`branch_attention`), never to another branch. Padding is never attended and takes no
+        position: a real token's position counts the real tokens before it, so a branch with
+        padding inside (a verifier item slot) reads as its unpadded sequence.
         `lora_drop_keys ([B], [B, S])`: LoRA dropout keys of the prefixes and the branches.
         """
         cfg = self.config
         dtype = jnp.dtype(cfg.dtype)
         b, s, l = branches.shape
         prefix_mask = prefix_mask.astype(bool)
+        branch_mask = (jnp.ones((b, s, l), bool) if branch_mask is None
+                       else branch_mask.astype(bool))
         prefix_pos = jnp.maximum(jnp.cumsum(prefix_mask, axis=1) - 1, 0)
         start = jnp.sum(prefix_mask, axis=1)  # the branches continue after the real tokens
-        branch_pos = jnp.broadcast_to(start[:, None, None] + jnp.arange(l), (b, s, l))
+        branch_pos = jnp.maximum(start[:, None, None] + jnp.cumsum(branch_mask, axis=2) - 1, 0)
         inv = inverse_frequencies(cfg.rope, cfg.head_dim)
         rope = (rope_tables(prefix_pos, inv), rope_tables(branch_pos.reshape(b * s, l), inv))
         table = self.embed[...].astype(dtype)
@@ -431,7 +480,7 @@ class Decoder(nnx.Module):
 
         def body(xs, p, layer):
             keys = tuple(_layer_keys(k, layer) for k in drops)
-            return _shared_prefix_layer(cfg, p, xs, rope, prefix_mask, keys)
+            return _shared_prefix_layer(cfg, p, xs, rope, (prefix_mask, branch_mask), keys)
 
         if cfg.remat != "none":
             body = jax.checkpoint(body, policy=_REMAT[cfg.remat])
