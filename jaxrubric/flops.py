@@ -26,8 +26,9 @@ method describes them (`Method.round_shapes`):
   early gets an optimistic MFU;
 - a decode step attends to the prompt and the tokens before it (`N * P + N^2 / 2` pairs for `N`
   new tokens after a `P`-token prompt); the implementation scores the whole cache and masks;
-- the verifier counts the tree layout's needed pairs (prefix causal; each item branch attends
-  to the prefix and causally to itself), not the dense masked `L x L` scores it computes;
+- the verifier encodes each (prompt, response) prefix once, causal, and every item branch
+  attends to the prefix and causally to itself (two-part attention, as `verify` computes it:
+  no scores between branches); a branch is its static slot, item padding included;
 - the teacher-forced forwards (reference log-probs, the updates) run a GRPO group's shared
   prompt once under its samples (`round.share_prefix`, the default), each sample attending to
   it; without sharing, each sample's prompt again, as the round then does.
@@ -108,9 +109,10 @@ def shared_teacher_forced_flops(cfg: ModelConfig, *, prompts: int, prompt_len: i
 
 def tree_verify_flops(cfg: ModelConfig, *, rows: int, prefix_len: int, branches: int,
                       branch_len: int) -> float:
-    """`jaxrubric.rubric.verifier.verify`: per row, a causal prefix and `branches` branches of
-    `branch_len` tokens (an item slot plus the answer suffix), each attending to the prefix and
-    causally to itself; one answer position per branch is projected."""
+    """`jaxrubric.rubric.verifier.verify`: per row, a causal prefix encoded once and
+    `branches` branches of `branch_len` tokens (an item slot plus the answer suffix), each
+    attending to the prefix and causally to itself (`Decoder.shared_prefix_hidden`); one
+    answer position per branch is projected."""
     tokens = prefix_len + branches * branch_len
     pairs = prefix_len**2 / 2 + branches * (branch_len * prefix_len + branch_len**2 / 2)
     return forward_flops(cfg, tokens=rows * tokens, attention_pairs=rows * pairs,

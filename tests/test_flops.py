@@ -3,7 +3,6 @@ shapes against the arrays the round builds, the peak table and MFU."""
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 from flax import nnx
 from helpers import TINY_TOKENIZER, abstract_models, build_setup, tiny_model_config
@@ -14,6 +13,7 @@ from jaxrubric import mfu as mfu_lib
 from jaxrubric.methods import DYNAMIC_RUBRIC, GENRUBRIC, core
 from jaxrubric.methods.core import RoundConfig, RoundDims, Sampling, Update, Verification
 from jaxrubric.roles import ROLES, Role
+from jaxrubric.rubric import dense_tree
 from jaxrubric.rubric import grammar as grammar_lib
 from jaxrubric.rubric import templates as tpl
 from jaxrubric.rubric import verifier as ver
@@ -120,23 +120,40 @@ def test_shared_prefix_forward_computes_what_the_count_says():
     assert count < unshared
 
 
-def test_tree_verification_counts_the_pairs_the_tree_mask_allows():
-    cfg = jaxrubric.tiny_config()
-    batch, responses, prefix_len, groups, items, item_len = 2, 3, 7, 2, 3, 4
-    suffix = jnp.asarray([5, 6], jnp.int32)
-    tokens, _, mask, _ = ver.tree_inputs(
-        jnp.ones((batch, responses, prefix_len), jnp.int32),
-        jnp.full((batch, responses), prefix_len), jnp.ones((batch, groups, items, item_len),
-                                                           jnp.int32),
-        jnp.full((batch, groups, items), item_len), suffix)
-    rows, length = batch * responses, tokens.shape[-1]
-    # The mask holds the diagonal too; the T^2/2 convention counts half of it.
-    pairs = int(np.asarray(mask).sum()) - rows * length / 2
-    expected = flops.forward_flops(cfg, tokens=rows * length, attention_pairs=pairs,
-                                   logit_tokens=rows * groups * items)
-    assert flops.tree_verify_flops(cfg, rows=rows, prefix_len=prefix_len,
-                                   branches=groups * items,
-                                   branch_len=item_len + 2) == pytest.approx(expected)
+def test_verification_computes_what_the_count_says():
+    """XLA's FLOPs of `verify`: each prefix once, each branch's scores to the prefix and to its
+    own slots (whole squares again, so XLA = the count + the masked halves), no scores between
+    branches; the dense tree-masked forward it replaced computes the whole row's square. With
+    unrolled layers XLA drops the last layer's output projection and MLP of the prefixes,
+    which nothing reads (the count, like a scanned model, keeps them)."""
+    cfg = jaxrubric.tiny_config(scan_layers=False)
+    graph, params = nnx.split(_abstract_model(cfg))
+    batch, responses, prefix_len, groups, items, item_len = 2, 3, 24, 2, 3, 6
+    readout = ver.VerifierReadout(suffix=(5, 6), yes_ids=(7,), no_ids=(8,))
+    rows, branches, branch_len = batch * responses, groups * items, item_len + 2
+    inputs = (jnp.ones((batch, responses, prefix_len), jnp.int32),
+              jnp.full((batch, responses), prefix_len),
+              jnp.ones((batch, groups, items, item_len), jnp.int32),
+              jnp.full((batch, groups, items), item_len))
+
+    xla = _xla_flops(lambda p, *xs: ver.verify(nnx.merge(graph, p), readout, *xs,
+                                               jnp.ones((batch, groups, items), bool)).p_yes,
+                     params, *inputs)
+    count = flops.tree_verify_flops(cfg, rows=rows, prefix_len=prefix_len, branches=branches,
+                                    branch_len=branch_len)
+    masked = flops.forward_flops(cfg, tokens=0, logit_tokens=0, attention_pairs=rows * (
+        prefix_len**2 / 2 + branches * branch_len**2 / 2))
+    unread = rows * prefix_len * 2 * (64 * 4 * 32 + 3 * 64 * 128)  # o_proj, SwiGLU (D 64, F 128)
+    expected = count + masked - unread
+    assert abs(xla / expected - 1) < XLA_TOLERANCE, (xla, expected)
+
+    dense = _xla_flops(lambda p, *xs: dense_tree.answer_logits(nnx.merge(graph, p), *xs,
+                                                               readout.suffix), params, *inputs)
+    length = prefix_len + branches * branch_len
+    square = flops.forward_flops(cfg, tokens=rows * length, attention_pairs=rows * length**2,
+                                 logit_tokens=rows * branches)
+    assert 0 <= dense / square - 1 < XLA_TOLERANCE, (dense, square)
+    assert xla < 0.75 * dense
 
 
 def _setup(method: str, round_config: RoundConfig):
@@ -173,22 +190,21 @@ def test_round_shapes_are_the_shapes_the_round_builds():
                                             jnp.ones(B, jnp.int32), anchors,
                                             jnp.ones((B, n), jnp.int32))
         parsed = grammar_lib.parse_rubric_tokens(rubrics, grammar, 0)
-        tree, *_ = ver.tree_inputs(prefix.tokens, prefix.lengths, parsed.items,
-                                   parsed.item_lengths, setup.readout.suffix)
-        return gen.tokens, prefix.tokens, anchor_prefix.tokens, parsed.items, tree
+        branches, _ = ver.branch_inputs(parsed.items, parsed.item_lengths, setup.readout.suffix)
+        return gen.tokens, prefix.tokens, anchor_prefix.tokens, parsed.items, branches
 
-    gen, prefix, anchor_prefix, items, tree = jax.eval_shape(
+    gen, prefix, anchor_prefix, items, branches = jax.eval_shape(
         built, _int((B, Lq)), _int((B, K, Lr)), _int((B, n, La)),
         _int((B, G, grammar.max_rubric_tokens)))
     rubric, M = grammar.max_rubric_tokens, items.shape[2]
-    branch = (tree.shape[-1] - prefix.shape[-1]) // (G * M)
+    assert branches.shape[:2] == (B, G * M)
+    branch = branches.shape[-1]
     assert shapes.sampling == (
         Sampling(Role.POLICY, "policy rollout", B, K, Lp, Lr),
         Sampling(Role.GENERATOR, "generator rollout", B, G, gen.shape[-1], rubric))
     assert shapes.verification == (
         Verification("responses", B * K, prefix.shape[-1], G * M, branch),
         Verification("anchors", B * n, anchor_prefix.shape[-1], G * M, branch))
-    assert shapes.verification[0].length == tree.shape[-1]
     # Each prompt's G rubrics, and its K answers, share it (encoded once with share_prefix).
     assert shapes.updates == (Update(Role.GENERATOR, B * G, gen.shape[-1], rubric, G),
                               Update(Role.POLICY, B * K, Lp, Lr, K))

@@ -1,4 +1,5 @@
-"""One-forward tree verification equals running every prefix + item + suffix on its own."""
+"""Shared-prefix verification (the prefix encoded once, every item a branch of it) equals running
+every prefix + item + suffix on its own, and the dense tree-masked forward it replaced."""
 
 import copy
 import functools
@@ -11,6 +12,8 @@ from tokenizer_fixtures import byte_level_bpe, healthbench_criteria, healthbench
 
 import jaxrubric
 from jaxrubric import sharding as shd
+from jaxrubric.models.config import LoraConfig
+from jaxrubric.rubric import dense_tree
 from jaxrubric.rubric import templates as T
 from jaxrubric.rubric import verifier as V
 from jaxrubric.rubric.grammar import build_rubric_grammar, parse_rubric_tokens
@@ -21,8 +24,9 @@ VOCAB = 1500  # the byte-level fixture tokenizer's
 
 
 _tree_logits = jax.jit(V.answer_logits, static_argnames="pad_id")
+_dense_logits = jax.jit(dense_tree.answer_logits, static_argnames="pad_id")
 _per_item_logits = jax.jit(V.answer_logits_per_item, static_argnames="pad_id")
-_verify = jax.jit(V.verify, static_argnames="pad_id")
+_verify = jax.jit(V.verify, static_argnames=("pad_id", "micro_batches"))
 _verify_per_item = jax.jit(V.verify_per_item, static_argnames="pad_id")
 
 
@@ -77,17 +81,25 @@ def test_tree_forward_equals_separate_sequences(models, model_type):
     assert tree.shape == ref.shape
     # Invalid items (length 0) are still computed: prefix + suffix alone.
     assert np.abs(np.asarray(tree) - ref).max() <= TOL
+    dense = _dense_logits(model, *inputs[:4], suffix, pad_id=PAD)
+    assert np.abs(np.asarray(dense) - ref).max() <= TOL
     if model_type == "llama":
         per_item = _per_item_logits(model, *inputs[:4], suffix)
         assert np.abs(np.asarray(per_item) - ref).max() <= TOL
 
 
-def test_tree_layout():
+def test_branch_layout():
+    items = np.array([[[[20, 21, 9], [30, 9, 9]]]])  # B=1, G=1, M=2, Li=3
+    tokens, real = V.branch_inputs(items, np.array([[[2, 1]]]), np.array([40, 41]), pad_id=0)
+    np.testing.assert_array_equal(tokens[0], [[20, 21, 0, 40, 41], [30, 0, 0, 40, 41]])
+    np.testing.assert_array_equal(real[0], [[1, 1, 0, 1, 1], [1, 0, 0, 1, 1]])
+
+
+def test_dense_tree_layout():
     prefix = np.array([[[5, 6, 7, 0]]])
     items = np.array([[[[20, 21, 0], [30, 0, 0]]]])  # B=1, G=1, M=2, Li=3
-    tokens, positions, mask, answers = V.tree_inputs(prefix, np.array([[3]]), items,
-                                                    np.array([[[2, 1]]]), np.array([40, 41]),
-                                                    pad_id=0)
+    tokens, positions, mask, answers = dense_tree.tree_inputs(
+        prefix, np.array([[3]]), items, np.array([[[2, 1]]]), np.array([40, 41]), pad_id=0)
     np.testing.assert_array_equal(tokens[0, 0], [5, 6, 7, 0, 20, 21, 0, 40, 41, 30, 0, 0, 40, 41])
     np.testing.assert_array_equal(answers, [8, 13])
     real = np.asarray(positions[0, 0])[[0, 1, 2, 4, 5, 7, 8, 9, 12, 13]]
@@ -114,6 +126,49 @@ def test_verify_reads_yes_over_no_and_masks_invalid_items(models):
     assert got.p_yes.shape == (2, 2, 2, 3) and got.p_yes.dtype == jnp.float32
     np.testing.assert_allclose(np.asarray(got.p_yes), expected, atol=1e-6)
     np.testing.assert_array_equal(np.asarray(got.verdicts), valid & (expected > 0.5))
+
+
+def _dense_p_yes(model, readout, prefix, prefix_lengths, items, item_lengths, valid):
+    """`verify`'s p_yes from the dense tree-masked forward."""
+    logits = _dense_logits(model, prefix, prefix_lengths, items, item_lengths,
+                           np.array(readout.suffix), pad_id=PAD)
+    p_yes = np.asarray(V.yes_probability(logits, readout.yes_ids, readout.no_ids))
+    return np.where(valid[:, None], p_yes, 0.0)
+
+
+def _judge(variant):
+    """The verifier model of a variant: a plain tiny Llama, a Qwen3 whose attention runs in
+    blocks of 8 queries (the 9-token prefixes in two overlapping blocks, the branches one
+    position of all 9 at a time), or a Qwen3 with LoRA adapters that are not zero."""
+    if variant == "llama":
+        return jaxrubric.init_model(jaxrubric.tiny_config("llama", vocab_size=VOCAB), seed=1)
+    if variant == "qwen3, attention in blocks":
+        return jaxrubric.init_model(jaxrubric.tiny_config("qwen3", vocab_size=VOCAB,
+                                                          attention_chunk=8), seed=1)
+    lora = LoraConfig(rank=4, targets=("q_proj", "v_proj", "down_proj"))
+    model = jaxrubric.init_model(jaxrubric.tiny_config("qwen3", vocab_size=VOCAB, lora=lora),
+                                 seed=1)
+    for i, (name, p) in enumerate(sorted(model.layers.items())):
+        if name.endswith("_lora_b"):
+            p[...] = 0.1 * jax.random.normal(jax.random.key(i), p.shape)
+    return model
+
+
+@pytest.mark.parametrize("variant, micro_batches", [
+    ("llama", 1), ("llama", 2), ("qwen3, attention in blocks", 1), ("qwen3 with LoRA", 2)])
+def test_shared_prefix_verdicts_equal_per_item_and_the_dense_tree(variant, micro_batches):
+    """fp32 p_yes of `verify` (the prefix once, items as branches) against one sequence per
+    item and the dense tree: prefixes and items of varied lengths, an invalid (empty) item in
+    each of 3 groups, 2 prompts of 2 responses."""
+    model = _judge(variant)
+    inputs = _random_inputs(VOCAB, groups=3, seed=9)
+    got = _verify(model, READOUT, *inputs, pad_id=PAD, micro_batches=micro_batches)
+    ref = _verify_per_item(model, READOUT, *inputs, pad_id=PAD)
+    np.testing.assert_allclose(np.asarray(got.p_yes), np.asarray(ref.p_yes), atol=TOL)
+    np.testing.assert_allclose(np.asarray(got.p_yes), _dense_p_yes(model, READOUT, *inputs),
+                               atol=TOL)
+    np.testing.assert_array_equal(np.asarray(got.verdicts), np.asarray(ref.verdicts))
+    assert not np.asarray(got.p_yes)[..., -1].any()  # the invalid items
 
 
 def test_yes_no_ids_are_every_single_token_spelling():
@@ -172,20 +227,20 @@ def test_end_to_end_with_a_real_tokenizer_and_parsed_rubrics(models):
     (p_ids, p_len, r_ids, r_len), parsed = _real_batch(tok)
     prefix = jax.jit(functools.partial(V.verifier_prefix, template, pad_id=tok.pad_token_id))(
         p_ids, p_len, r_ids, r_len)
-    # Every branch, read as a plain sequence, is the verifier prompt for that item.
-    tokens, positions, mask, answers = jax.jit(V.tree_inputs)(
-        prefix.tokens, prefix.lengths, parsed.items, parsed.item_lengths, readout.suffix)
+    # Every branch's real tokens after the prefix's read as the verifier prompt for that item.
+    branches, real = jax.jit(V.branch_inputs)(parsed.items, parsed.item_lengths, readout.suffix)
     b, k, g, m = 1, 0, 1, 1
     n = int(prefix.lengths[b, k])
+    branch = g * parsed.items.shape[2] + m
     item = np.asarray(parsed.items[b, g, m, :parsed.item_lengths[b, g, m]])
     criterion = tok.decode(item.tolist())
-    branch = np.where(np.asarray(mask[b, k, answers[g * parsed.items.shape[2] + m]]))[0]
-    text = tok.decode(np.asarray(tokens[b, k, branch]).tolist(), skip_special_tokens=False)
+    ids = np.concatenate([np.asarray(prefix.tokens[b, k, :n]),
+                          np.asarray(branches[b, branch])[np.asarray(real[b, branch])]])
+    text = tok.decode(ids.tolist(), skip_special_tokens=False)
     prompt = tok.decode(p_ids[b, :p_len[b]].tolist())
     response = tok.decode(r_ids[b, k, :r_len[b, k]].tolist())
     assert text == template.render(prompt, response, criterion)
-    np.testing.assert_array_equal(np.asarray(positions[b, k, branch]), np.arange(len(branch)))
-    assert len(branch) == n + int(parsed.item_lengths[b, g, m]) + len(readout.suffix)
+    assert len(ids) == n + int(parsed.item_lengths[b, g, m]) + len(readout.suffix)
 
     model = models["qwen3"]
     args = (prefix.tokens, prefix.lengths, parsed.items, parsed.item_lengths, parsed.valid)
@@ -211,6 +266,22 @@ def test_sharded_inputs_and_params_give_the_same_verdicts(models):
                                np.concatenate([np.asarray(x.p_yes) for x in singles]), atol=TOL)
     np.testing.assert_array_equal(np.asarray(got.verdicts),
                                   np.concatenate([np.asarray(x.verdicts) for x in singles]))
+
+
+def test_on_the_8_device_mesh_in_micro_batches_verdicts_equal_per_item(models):
+    """Weights sharded fsdp 2 x tensor 2, 8 prompts over data x fsdp in 2 micro-batches: the
+    verdicts of one sequence per item and of the dense tree, on one device."""
+    mesh = shd.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    inputs = _random_inputs(VOCAB, batch=8, groups=3, seed=8)
+    model = shd.shard_model(copy.deepcopy(models["llama"]), mesh)
+    placed = [jax.device_put(x, shd.batch_sharding(mesh, x.ndim)) for x in inputs]
+    got = _verify(model, READOUT, *placed, pad_id=PAD, micro_batches=2)
+    assert got.p_yes.sharding.spec[0] == ("data", "fsdp")
+    ref = _verify_per_item(models["llama"], READOUT, *inputs, pad_id=PAD)
+    np.testing.assert_allclose(np.asarray(got.p_yes), np.asarray(ref.p_yes), atol=TOL)
+    np.testing.assert_allclose(np.asarray(got.p_yes),
+                               _dense_p_yes(models["llama"], READOUT, *inputs), atol=TOL)
+    np.testing.assert_array_equal(np.asarray(got.verdicts), np.asarray(ref.verdicts))
 
 
 def test_verdict_loss_is_the_cross_entropy_of_the_verdicts_on_valid_items(models):

@@ -94,7 +94,7 @@ def round_stages(rc: RoundConfig, shapes: RoundShapes, loc: Mapping[Role, Local]
         loc[s.role], s.prompts, s.samples, s.prompt_len, s.new_tokens, ways, m))
         for s in shapes.sampling]
     stages += [Stage(stage_key(Role.VERIFIER, 0), f"verifier: {v.name}", verifier_phase(
-        loc[Role.VERIFIER], v.rows, v.length, v.branches, ways, m))
+        loc[Role.VERIFIER], v.rows, v.prefix_len, v.branches, v.branch_len, ways, m))
         for v in shapes.verification]
     stages += [Stage(stage_key(u.role, 1), f"{u.role} update", update_phase(
         loc[u.role], params[u.role], u.rows, u.prompt_len, u.completion_len, rc.logprob_chunk,

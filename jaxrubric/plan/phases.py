@@ -22,8 +22,14 @@ vocabulary, `c` bytes of the compute dtype, `L` layers, `Q` the model's `attenti
   prompts' cache + the larger of the prefill (`W(P, P + N)` + mask) and the copied cache
   with the decode step's logits; a micro-batched rollout also draws the whole batch's
   sampling noise each step (`4 V rows`, counted unsharded);
-- a verifier pass over tree rows of length `Lt` (`rubric/verifier.py`): the tree mask +
-  `W(Lt, Lt)` + float32 logits at the `G M` answer positions;
+- a verifier pass (`rubric/verifier.py`): per row a prefix of `P` tokens encoded once and
+  `n = G M` item branches of `W` tokens, `Lt = P + n W` tokens in all: the masks
+  `r (P^2 + n W^2)` + one layer `2 act(Lt) + max(projections(Lt, Lt) + A, MLP(Lt))`, where
+  `A` is the larger of the prefix's attention over itself (`r h P P (4 + c)`, chunked as
+  above) and the branches' (`r h n W (P + W) (4 + c)`; with `0 < Q`, a block holds
+  `max(1, Q // n)` positions of every branch, plus the branch queries and outputs cut into
+  blocks and float32 keys and values of all `Lt` tokens) + float32 logits at the `n` answer
+  positions;
 - an update on sequences of T tokens: gradients (the role's parameter shards), and with
   micro-batches their running sum of the same size, + the layers' saved activations +
   `2 W(T, T)` for the backward pass of one layer + the log-prob chunk `3 r C V 4` (float32
@@ -79,9 +85,13 @@ class Local:
     def blocks(self, r: int, t: int, s: int) -> int:
         """Chunked attention's copies besides the scores: the queries and the outputs cut
         into whole blocks, and float32 keys and values."""
-        padded = -(-t // self.chunk) * self.chunk
-        return (2 * r * padded * self.heads * self.head_dim * self.c
-                + 2 * r * s * self.kv_heads * self.head_dim * 4)
+        return self._block_copies(r, -(-t // self.chunk) * self.chunk, s)
+
+    def _block_copies(self, r: int, queries: int, keys: int) -> int:
+        """`queries` (whole blocks) and their outputs; float32 copies of `keys` keys and
+        values."""
+        return (2 * r * queries * self.heads * self.head_dim * self.c
+                + 2 * r * keys * self.kv_heads * self.head_dim * 4)
 
     def attention(self, r: int, t: int, s: int) -> int:
         """One layer's attention temporaries: scores and probabilities of all queries, or of
@@ -96,6 +106,18 @@ class Local:
         if not self.chunked(t):
             return self.attention(r, t, s)
         return self.blocks(r, t, s)
+
+    def branch_attention(self, r: int, prefix: int, branches: int, length: int) -> int:
+        """`transformer.branch_attention`'s temporaries: the `length` queries of each of
+        `branches` branches score the prefix's keys and their own; chunked, a block holds
+        `max(1, Q // branches)` positions of every branch, with the blocks' copies."""
+        keys = prefix + length
+        rows = max(1, self.chunk // branches)
+        if not 0 < self.chunk or rows >= length:
+            return r * self.heads * branches * length * keys * (4 + self.c)
+        blocks = -(-length // rows)
+        return (r * self.heads * branches * rows * keys * (4 + self.c)
+                + self._block_copies(r, branches * rows * blocks, prefix + branches * length))
 
     def projections(self, r: int, t: int, s: int) -> int:
         return r * (t * self.heads + 2 * s * self.kv_heads) * self.head_dim * self.c
@@ -223,15 +245,23 @@ def update_phase(loc: Local, params: RoleParams, rows: int, prompt_len: int,
     ])
 
 
-def verifier_phase(loc: Local, rows: int, length: int, answers: int, ways: int,
-                   micro_batches: int = 1) -> Phase:
-    """One tree forward per (prompt, answer): every item a branch of the shared prefix; the
-    rows of one micro-batch of prompts at a time."""
+def verifier_phase(loc: Local, rows: int, prefix_len: int, branches: int, branch_len: int,
+                   ways: int, micro_batches: int = 1) -> Phase:
+    """One shared-prefix forward per (prompt, answer): the prefix encoded once, every item a
+    branch attending to it and causally to itself; the rows of one micro-batch of prompts at
+    a time. The prefix's and the branches' attention run one after the other, so a layer
+    holds the larger of their temporaries."""
     r = rows_per_device(rows // micro_batches, ways)
+    length = prefix_len + branches * branch_len
+    attention = max(loc.attention(r, prefix_len, prefix_len),
+                    loc.branch_attention(r, prefix_len, branches, branch_len))
+    layer = 2 * loc.act(r, length) + max(loc.projections(r, length, length) + attention,
+                                         loc.mlp_bytes(r, length))
+    tokens = f"{prefix_len} + {branches} x {branch_len}"
     return summed([
-        (f"tree mask: {_rows_text(rows, micro_batches)} x {length}^2",
-         loc.mask(r, length, length)),
-        (f"one layer's forward over {length} tokens", loc.working_set(r, length, length)
-         + loc.gathered_layer),
-        (f"answer logits: {answers} items per row", r * answers * loc.vocab * 4),
+        (f"masks: {_rows_text(rows, micro_batches)} x ({prefix_len}^2 + {branches} x "
+         f"{branch_len}^2)", loc.mask(r, prefix_len, prefix_len)
+         + loc.mask(r * branches, branch_len, branch_len)),
+        (f"one layer's forward over {tokens} tokens", layer + loc.gathered_layer),
+        (f"answer logits: {branches} items per row", r * branches * loc.vocab * 4),
     ])

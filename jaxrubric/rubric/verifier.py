@@ -2,18 +2,19 @@
 
 The verifier prompt puts the criterion last (`jaxrubric.rubric.templates.verifier_messages`),
 so for one (prompt, response) everything before the criterion is a prefix shared by all
-G x M items. `verify` runs ONE forward per (prompt, response) over that prefix followed by
-every item as a branch of a tree: a branch is the item's tokens plus the template's suffix
-(end of the user turn, start of the assistant turn), it attends to the prefix and to itself,
-and its positions continue from the prefix end, so each branch computes exactly what the
-plain sequence prefix + item + suffix would. The answer is read at each branch's last token.
-`verify_per_item` runs those plain sequences one by one (batched): the reference and the
-baseline the tree is measured against (`benchmarks/verifier.py`).
+G x M items. `verify` encodes that prefix once and runs every item as a branch continuing it
+(`Decoder.shared_prefix_hidden`, two-part attention): a branch is the item's tokens plus the
+template's suffix (end of the user turn, start of the assistant turn), it attends to the
+prefix and causally to itself, never to another branch, and its positions continue from the
+prefix end, so each branch computes exactly what the plain sequence prefix + item + suffix
+would. The answer is read at each branch's last token. `verify_per_item` runs those plain
+sequences one by one (batched): the reference and the baseline the shared forward is measured
+against (`benchmarks/verifier.py`).
 
-Layout of one tree row (static length ``Lp + G*M*(Li + S)``): the prefix left-aligned in
-``Lp`` slots, then one fixed slot of ``Li + S`` per item: its tokens left-aligned in ``Li``,
-the suffix in the last ``S``. Padding is never attended and gets no position, so answer
-positions are static. Invalid items still occupy their slot; their outputs are zeroed.
+Layout of one branch (`branch_inputs`, static length ``Li + S``): the item's tokens
+left-aligned in ``Li`` slots, padding, the suffix in the last ``S``. Padding is never attended
+and gets no position, so the suffix continues right after the item's real tokens and the
+answer slot is static. Invalid items still have their branch; their outputs are zeroed.
 
 Only the answer positions are projected to the vocabulary (``[.., G*M, V]``, never
 ``[.., L, V]``).
@@ -27,7 +28,6 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.typing import ArrayLike
 
 from jaxrubric import microbatch
@@ -110,73 +110,49 @@ def yes_probability(logits: ArrayLike, yes_ids: ArrayLike, no_ids: ArrayLike) ->
     return jax.nn.sigmoid(log_yes - log_no)
 
 
-def tree_inputs(prefix_tokens: ArrayLike, prefix_lengths: ArrayLike, items: ArrayLike,
-                item_lengths: ArrayLike, suffix: ArrayLike, *, pad_id: int = 0
-                ) -> tuple[jax.Array, jax.Array, jax.Array, np.ndarray]:
-    """Tree rows for `verify`: tokens and positions ``[B, K, L]``, mask ``[B, K, L, L]``, and
-    the static answer index of every item ``[G*M]`` (see the module docstring for the layout).
-
-    Inputs: prefix ``[B, K, Lp]`` with ``prefix_lengths [B, K]``, items ``[B, G, M, Li]``
-    with ``item_lengths [B, G, M]``, suffix ``[S]``.
+def branch_inputs(items: ArrayLike, item_lengths: ArrayLike, suffix: ArrayLike, *,
+                  pad_id: int = 0) -> tuple[jax.Array, jax.Array]:
+    """Item branches ``[B, G*M, Li + S]`` and their real tokens (same shape; see the module
+    docstring for the layout) from items ``[B, G, M, Li]``, ``item_lengths [B, G, M]`` and
+    the suffix ``[S]``. The answer is read at every branch's last slot.
     """
-    prefix_tokens = jnp.asarray(prefix_tokens, jnp.int32)
-    prefix_lengths = jnp.asarray(prefix_lengths, jnp.int32)
     items = jnp.asarray(items, jnp.int32)
-    item_lengths = jnp.asarray(item_lengths, jnp.int32)
     suffix = jnp.asarray(suffix, jnp.int32)
-    batch, num_responses, prefix_len = prefix_tokens.shape
-    _, groups, num_items, item_len = items.shape
-    width = item_len + suffix.shape[0]
-    branches = groups * num_items
-
-    slot = jnp.arange(width)
-    in_item = slot < item_len
-    lengths = item_lengths[..., None]
-    real_branch = jnp.where(in_item, slot < lengths, True)  # [B, G, M, W]
-    offset = jnp.where(in_item, slot, lengths + slot - item_len)
-    branch_tokens = jnp.concatenate(
-        [jnp.where(slot[:item_len] < lengths, items, pad_id),
-         jnp.broadcast_to(suffix, (batch, groups, num_items, suffix.shape[0]))], axis=-1)
-
-    def rows(x: jax.Array) -> jax.Array:  # [B, G, M, W] -> [B, 1, G*M*W]
-        return x.reshape(batch, 1, branches * width)
-
-    n = prefix_lengths[..., None]
-    prefix_idx = jnp.arange(prefix_len)
-    tokens = jnp.concatenate(
-        [jnp.where(prefix_idx < n, prefix_tokens, pad_id),
-         jnp.broadcast_to(rows(branch_tokens), (batch, num_responses, branches * width))], axis=-1)
-    positions = jnp.concatenate(
-        [jnp.broadcast_to(prefix_idx, prefix_tokens.shape), n + rows(offset)], axis=-1)
-    real = jnp.concatenate(
-        [prefix_idx < n,
-         jnp.broadcast_to(rows(real_branch), (batch, num_responses, branches * width))], axis=-1)
-
-    idx = jnp.arange(tokens.shape[-1])
-    branch_of = jnp.where(idx < prefix_len, -1, (idx - prefix_len) // width)
-    structure = (idx[None, :] <= idx[:, None]) & (
-        (branch_of[None, :] == -1) | (branch_of[None, :] == branch_of[:, None]))
-    # Padding queries see themselves, so no softmax row is empty.
-    mask = (structure & real[..., None, :]) | (idx[None, :] == idx[:, None])
-    answers = prefix_len + np.arange(branches) * width + width - 1
-    return tokens, positions, mask, answers
+    batch, groups, num_items, item_len = items.shape
+    in_item = jnp.arange(item_len) < jnp.asarray(item_lengths, jnp.int32)[..., None]
+    shape = (batch, groups * num_items, suffix.shape[0])
+    tokens = jnp.concatenate([jnp.where(in_item, items, pad_id).reshape(*shape[:2], item_len),
+                              jnp.broadcast_to(suffix, shape)], axis=-1)
+    real = jnp.concatenate([in_item.reshape(*shape[:2], item_len), jnp.ones(shape, bool)],
+                           axis=-1)
+    return tokens, real
 
 
 def answer_logits(model: Decoder, prefix_tokens: ArrayLike, prefix_lengths: ArrayLike,
                   items: ArrayLike, item_lengths: ArrayLike, suffix: ArrayLike, *,
                   pad_id: int = 0) -> jax.Array:
-    """Logits ``[B, K, G, M, V]`` at every item's answer position, from one tree forward per
-    (prompt, response). Shapes as in `tree_inputs`; jittable.
+    """Logits ``[B, K, G, M, V]`` at every item's answer position: per (prompt, response) the
+    prefix encoded once and the G*M item branches continuing it (two-part attention).
+
+    Inputs: prefix ``[B, K, Lp]`` (left-aligned) with ``prefix_lengths [B, K]``, items
+    ``[B, G, M, Li]`` with ``item_lengths [B, G, M]``, suffix ``[S]``. Jittable.
     """
-    tokens, positions, mask, answers = tree_inputs(prefix_tokens, prefix_lengths, items,
-                                                   item_lengths, suffix, pad_id=pad_id)
-    batch, num_responses, length = tokens.shape
+    prefix_tokens = jnp.asarray(prefix_tokens, jnp.int32)
+    batch, num_responses, prefix_len = prefix_tokens.shape
     groups, num_items = jnp.shape(items)[1:3]
     flat = batch * num_responses
-    hidden, _ = model.hidden_states(tokens.reshape(flat, length),
-                                    positions=positions.reshape(flat, length),
-                                    attention_mask=mask.reshape(flat, length, length))
-    logits = model.logits(hidden[:, answers])
+    prefix_mask = jnp.arange(prefix_len) < jnp.asarray(prefix_lengths)[..., None]
+    prefix = jnp.where(prefix_mask, prefix_tokens, pad_id).reshape(flat, prefix_len)
+    branches, real = branch_inputs(items, item_lengths, suffix, pad_id=pad_id)
+
+    def per_response(x: jax.Array) -> jax.Array:  # [B, ...] -> [B*K, ...]: every response's
+        return jnp.broadcast_to(x[:, None], (batch, num_responses, *x.shape[1:])).reshape(
+            flat, *x.shape[1:])
+
+    _, hidden = model.shared_prefix_hidden(prefix, prefix_mask.reshape(flat, prefix_len),
+                                           per_response(branches),
+                                           branch_mask=per_response(real))
+    logits = model.logits(hidden[:, :, -1])
     return logits.reshape(batch, num_responses, groups, num_items, -1)
 
 
@@ -218,14 +194,15 @@ def _verdicts(logits: jax.Array, valid: ArrayLike, readout: VerifierReadout) -> 
 def verify(model: Decoder, readout: VerifierReadout, prefix_tokens: ArrayLike,
            prefix_lengths: ArrayLike, items: ArrayLike, item_lengths: ArrayLike,
            valid: ArrayLike, *, pad_id: int = 0, micro_batches: int = 1) -> Verdicts:
-    """Judges every response under every item with one tree forward per (prompt, response).
+    """Judges every response under every item with one shared-prefix forward per (prompt,
+    response) (`answer_logits`).
 
     ``prefix_tokens [B, K, Lp]`` / ``prefix_lengths [B, K]`` (from `verifier_prefix`);
     ``items [B, G, M, Li]``, ``item_lengths`` and ``valid [B, G, M]`` (from
     `jaxrubric.rubric.grammar.parse_rubric_tokens`). Returns ``[B, K, G, M]`` verdicts.
     Jittable; shard the leading batch axis over the mesh's data axes. With
     ``micro_batches = n > 1`` the prompts go through the verifier n micro-batches at a time
-    (`microbatch.map_rows`): the tree rows of ``B / n`` prompts exist at once.
+    (`microbatch.map_rows`): the prefixes and branches of ``B / n`` prompts exist at once.
     """
     logits = microbatch.map_rows(
         lambda xs: answer_logits(model, *xs, readout.suffix, pad_id=pad_id),
@@ -247,8 +224,8 @@ def verdict_loss(model: Decoder, readout: VerifierReadout, prefix_tokens: ArrayL
                  prefix_lengths: ArrayLike, items: ArrayLike, item_lengths: ArrayLike,
                  valid: ArrayLike, labels: ArrayLike, *, pad_id: int = 0
                  ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Supervised loss of a verifier on labelled criteria, through the tree forward `verify`
-    runs: cross-entropy of the yes/no answer (``P(yes) / (P(yes) + P(no))``) against
+    """Supervised loss of a verifier on labelled criteria, through the forward `verify` runs
+    (`answer_logits`): cross-entropy of the yes/no answer (``P(yes) / (P(yes) + P(no))``) against
     ``labels [B, K, G, M]`` (1 = met), averaged over valid items.
 
     Training through the inference path keeps train and use identical, and one forward reads
