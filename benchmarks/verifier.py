@@ -1,4 +1,5 @@
-"""One-forward tree verification vs one forward per item: time and FLOPs.
+"""Shared-prefix verification (`verify`: each prefix encoded once, its items as branches) vs one
+forward per item: time and FLOPs (the dense tree it replaced: `benchmarks/prefix_sharing.py`).
 
 A random Llama (hidden 256, 4 layers, 8 heads, vocab 8192, fp32, layers unrolled so XLA's cost
 analysis counts every layer) judges K responses under G = 2 rubric groups of M = 4, 8, 16 items.
@@ -22,6 +23,7 @@ import numpy as np
 from timing import best_time
 
 import jaxrubric
+from jaxrubric import flops
 from jaxrubric.rubric import verifier as V
 
 CONFIG = jaxrubric.ModelConfig(
@@ -43,15 +45,24 @@ def inputs(batch: int, responses: int, items: int, seed: int = 0) -> tuple[np.nd
     return prefix, prefix_lengths, criteria, item_lengths, valid
 
 
-def analytic_flops(rows: int, length: int, answers: int) -> float:
-    """Matmul FLOPs of `rows` sequences of `length` tokens, dense attention, `answers` logits."""
-    c = CONFIG
-    per_token = 2 * c.hidden_size * (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
-    per_token += 2 * c.num_heads * c.head_dim * c.hidden_size
-    per_token += 6 * c.hidden_size * c.intermediate_size
-    attention = 4 * length * length * c.num_heads * c.head_dim
-    return float(c.num_layers * rows * (length * per_token + attention)
-                 + 2 * c.hidden_size * c.vocab_size * answers)
+def analytic_flops(cfg: jaxrubric.ModelConfig, form: str, rows: int, prefix: int,
+                   branches: int, branch: int) -> float:
+    """FLOPs a verifier form computes (`flops.forward_flops`, every attention square whole,
+    masked or not, as XLA counts it) for `rows` (prompt, response) pairs under `branches`
+    items of `branch` slots (the item and the suffix); one answer per item projected.
+
+    `two-part` (`verify`): each prefix once over itself, each branch over the prefix and its
+    own slots; `dense tree` (`rubric.dense_tree`): one row of the prefix and every branch, its
+    whole square; `per item` (`verify_per_item`): one sequence of prefix and branch per item.
+    """
+    answers, row = rows * branches, prefix + branches * branch
+    if form == "two-part":
+        tokens, pairs = rows * row, rows * (prefix**2 + branches * branch * (prefix + branch))
+    elif form == "dense tree":
+        tokens, pairs = rows * row, rows * row**2
+    else:
+        tokens, pairs = answers * (prefix + branch), answers * (prefix + branch) ** 2
+    return flops.forward_flops(cfg, tokens=tokens, attention_pairs=pairs, logit_tokens=answers)
 
 
 def compiled_flops(compiled) -> float | None:
@@ -66,17 +77,16 @@ def run(model, batch: int, responses: int, items: int, repeats: int) -> dict:
     args = (model, READOUT, *(jnp.asarray(x) for x in inputs(batch, responses, items)))
     branches = GROUPS * items
     rows = batch * responses
-    shapes = {
-        "tree": (rows, PREFIX + branches * (ITEM + SUFFIX)),
-        "per_item": (rows * branches, PREFIX + ITEM + SUFFIX),
-    }
-    out = {"M": items, "tree_len": shapes["tree"][1], "per_item_len": shapes["per_item"][1]}
+    out = {"M": items, "tree_len": PREFIX + branches * (ITEM + SUFFIX),
+           "per_item_len": PREFIX + ITEM + SUFFIX}
     results = {}
-    for name, fn in (("tree", V.verify), ("per_item", V.verify_per_item)):
+    for name, fn, form in (("tree", V.verify, "two-part"),
+                           ("per_item", V.verify_per_item, "per item")):
         compiled = jax.jit(fn).lower(*args).compile()
-        flops = compiled_flops(compiled)
-        out[f"{name}_flops_source"] = "xla" if flops else "analytic"
-        out[f"{name}_flops"] = flops or analytic_flops(*shapes[name], rows * branches)
+        count = compiled_flops(compiled)
+        out[f"{name}_flops_source"] = "xla" if count else "analytic"
+        out[f"{name}_flops"] = count or analytic_flops(CONFIG, form, rows, PREFIX, branches,
+                                                       ITEM + SUFFIX)
         out[f"{name}_s"] = best_time(compiled, args, repeats)
         results[name] = np.asarray(compiled(*args).p_yes)
     out["max_dp"] = float(np.abs(results["tree"] - results["per_item"]).max())
@@ -93,8 +103,8 @@ def main() -> None:
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}; Llama h{CONFIG.hidden_size} "
           f"L{CONFIG.num_layers} vocab {CONFIG.vocab_size} fp32; B={args.batch} K={args.responses} "
           f"G={GROUPS}, prefix {PREFIX}, Li={ITEM}, suffix {SUFFIX}; best of {args.repeats}")
-    print("| M | tree len | per-item len x rows | tree ms | per-item ms | speed-up "
-          "| tree GFLOP | per-item GFLOP | FLOP ratio | max abs dp_yes |")
+    print("| M | shared tokens | per-item len x rows | shared ms | per-item ms | speed-up "
+          "| shared GFLOP | per-item GFLOP | FLOP ratio | max abs dp_yes |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for items in (4, 8, 16):
         r = run(model, args.batch, args.responses, items, args.repeats)
