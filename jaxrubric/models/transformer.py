@@ -217,9 +217,9 @@ def branch_attention(q: jax.Array, prefix_k: jax.Array, prefix_v: jax.Array,
     [B, P]`; `k`, `v [B, S, kv_heads, L, D]`; `branch_valid [B, S, L]` the real tokens of
     each branch (None: all), padding anywhere in a branch is never attended. One softmax over
     both parts, so the result is the dense masked attention over `[prefix, branch]` exactly.
-    With `0 < chunk`, the branches' queries go through `_query_blocks` by positions: a block
-    holds the same `max(1, chunk // S)` positions of every branch, about `chunk` queries, as
-    `chunked_attention` would hold. Returns `[B, S, L, heads, D]`.
+    With `0 < chunk` and `chunk // S < L`, the branches' queries go through `_query_blocks` by
+    positions: a block holds the same `max(1, chunk // S)` positions of every branch, about
+    `chunk` queries, as a `chunked_attention` block does. Returns `[B, S, L, heads, D]`.
     """
     b, s, l = q.shape[:3]
     own = jnp.arange(l)[:, None] >= jnp.arange(l)[None, :]
