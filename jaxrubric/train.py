@@ -229,7 +229,7 @@ class CoevolveTask:
         if self.eval_scores is not None and jax.process_index() == 0:
             with open(self.eval_scores, "a", encoding="utf-8") as f:
                 f.writelines(json.dumps(row) + "\n"
-                             for row in self.held_out.score_rows(out, round_))
+                             for row in self.held_out.score_rows(out, round_, self.tokenizer))
         return self.held_out.scalars(out)
 
     def _encode(self, records: list) -> core.RoundBatch:

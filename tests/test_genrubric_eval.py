@@ -166,6 +166,11 @@ def test_training_logs_the_held_out_agreement_that_the_score_matrices_give(tmp_p
             assert {f"eval/agreement/{name}", f"eval/agreement/{name}_skipped",
                     f"eval/agreement/{name}_left_out"} <= set(logged), (round_, name)
         _assert_matches(logged, _reference_scalars(rows, RUNS), prefix="eval/")
+        for r in rows:  # the written rubrics, as text: a malformed group has no positive item
+            assert len(r["rubrics"]) == RUNS + 1
+            for group, valid in zip(r["rubrics"], r["valid"]):
+                assert all(isinstance(w, int) and w != 0 and c for w, c in group)
+                assert valid == any(w > 0 for w, _ in group), (group, valid)
         experts.append([[s[-1] for s in r["scores"]] for r in rows])
         written.append([[s[:-1] for s in r["scores"]] + [r["valid"]] for r in rows])
     # The expert rubric, the completions and the verifier are fixed: its column never moves;

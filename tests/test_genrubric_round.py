@@ -120,3 +120,41 @@ def test_token_advantages_put_item_credit_on_item_tokens():
         structural = token_item[g] == -1
         assert structural.sum() >= 5  # "[", weight, "]", newline, end token, padding
         np.testing.assert_allclose(adv[g][structural], seq_adv[g], rtol=1e-5)
+
+
+def test_the_control_shuffles_rewards_among_well_formed_groups_and_valid_items():
+    """`shuffle_key` (round.shuffle_generator_credit): the same rewards, permuted among each
+    query's well-formed groups (items among its valid items); a malformed group keeps reward 0
+    and the lowest advantage."""
+    tok = tiny_tokenizer()
+    grammar = grammar_lib.build_rubric_grammar(tok, weights=WEIGHTS, max_items=2,
+                                               max_item_tokens=8)
+    texts = [["[3] Mentions the dose\n[-2] Recommends aspirin\n", "[5] Says to see a doctor\n",
+              "[2] Mentions the dose\n[4] Is short\n", "[-4] Gives a wrong fact\n"]] * 2
+    ids = [[tok.encode(t, add_special_tokens=False) + [tok.eos_token_id] for t in q] for q in texts]
+    length = max(len(r) for q in ids for r in q) + 2
+    tokens = np.full((2, 4, length), tok.pad_token_id, np.int32)
+    for b, q in enumerate(ids):
+        for g, row in enumerate(q):
+            tokens[b, g, :len(row)] = row
+    parsed = grammar_lib.parse_rubric_tokens(tokens, jax.device_put(grammar), tok.pad_token_id)
+    verdicts = jax.random.bernoulli(jax.random.key(0), 0.5, (2, 4, 4, 2)).astype(jnp.float32)
+    plain = jax.device_get(gr_method.generator_credit(parsed, verdicts))
+    orders = set()
+    for seed in range(8):
+        shuffled = jax.device_get(gr_method.generator_credit(parsed, verdicts,
+                                                             shuffle_key=jax.random.key(seed)))
+        valid = plain.group_valid
+        np.testing.assert_array_equal(valid, [[True, True, True, False]] * 2)
+        for b in range(2):
+            assert sorted(shuffled.sequence_reward[b][valid[b]]) == pytest.approx(
+                sorted(plain.sequence_reward[b][valid[b]]))
+            mask = plain.item_valid[b] & valid[b][:, None]
+            assert sorted(shuffled.item_reward[b][mask]) == pytest.approx(
+                sorted(plain.item_reward[b][mask]))
+            assert shuffled.sequence_reward[b, 3] == 0
+            # A rubric's first token ("[") is structure: it carries the sequence advantage.
+            sequence_advantage = shuffled.token_advantages[b, :, 0]
+            assert sequence_advantage[3] < sequence_advantage[:3].min()
+        orders.add(tuple(shuffled.sequence_reward[0].round(6)))
+    assert len(orders) > 1

@@ -18,7 +18,7 @@ from jaxrubric.rl.grpo import group_advantages
 # Jitted aliases: one compilation per shape is much cheaper than eager op-by-op dispatch.
 anchor_ranking = jax.jit(dr.anchor_ranking, static_argnames="normalize")
 discriminability = jax.jit(dr.discriminability, static_argnames="mode")
-genrubric_rewards = jax.jit(gr.genrubric_rewards, static_argnames=("spread", "soft_items"))
+genrubric_rewards = jax.jit(gr.genrubric_rewards, static_argnames=("spread", "soft_items", "clip_scores"))
 item_nonredundant = jax.jit(gr.item_nonredundant, static_argnames="soft")
 item_discriminative = jax.jit(gr.item_discriminative, static_argnames="soft")
 generator_advantages = jax.jit(dr.generator_advantages, static_argnames=("combine", "mode"))
@@ -206,8 +206,25 @@ def test_group_discrimination_by_hand():
     np.testing.assert_allclose(
         gr.group_discrimination(s, valid, response_valid=only_two), columns[:, [0, 2]].std(1), atol=1e-6
     )
+    # Pairs: the share of response pairs a group scores apart. Group 2 scores r0 and r2 alike.
+    np.testing.assert_allclose(gr.group_discrimination(s, valid, spread="pairs"), [1, 1, 2 / 3],
+                               atol=1e-6)
+    np.testing.assert_allclose(gr.group_discrimination(s, valid, response_valid=only_two,
+                                                       spread="pairs"), [1, 1, 0], atol=1e-6)
     with pytest.raises(ValueError):
         gr.group_discrimination(s, valid, spread="iqr")
+
+
+def test_pairs_spread_rewards_resolution_not_coarseness():
+    """Over three answers, one all-or-nothing item (scores 0, 0, 1) has a larger std than a
+    rubric that resolves all three (0, 1/2, 1), but separates fewer pairs."""
+    coarse, fine = [0.0, 0.0, 1.0], [0.0, 0.5, 1.0]
+    s = jnp.asarray(np.stack([coarse, fine, fine], -1))  # [response, rubric]
+    valid = jnp.asarray([True, True, True])
+    std = np.asarray(gr.group_discrimination(s, valid))
+    pairs = np.asarray(gr.group_discrimination(s, valid, spread="pairs"))
+    assert std[0] > std[1]
+    np.testing.assert_allclose(pairs, [2 / 3, 1, 1], atol=1e-6)
 
 
 def test_duplicated_item_is_redundant_and_unanimous_item_not_discriminative():
@@ -273,13 +290,16 @@ def test_malformed_group_is_zero_and_excluded():
 
 def test_genrubric_rewards_combination_and_coefficients():
     v, w, iv = hand_case()
-    s = gr.group_scores(v, w, iv)
     valid = gr.group_validity(w, iv)
-    comp = gr.cross_rubric_comprehensiveness(s, valid)
-    disc = gr.group_discrimination(s, valid)
-    seq, item = genrubric_rewards(v, w, iv, comprehensiveness_coef=2.0, discrimination_coef=0.5,
-                                     discriminative_coef=1.0, nonredundant_coef=0.0)
-    np.testing.assert_allclose(seq, 2 * comp + 0.5 * disc, atol=1e-6)
+    for clip in (True, False):  # S1(r1) = -1 reads as 0 when clipped
+        s = gr.group_scores(v, w, iv, clip=clip)
+        assert float(s[1, 1]) == (0.0 if clip else -1.0)
+        comp = gr.cross_rubric_comprehensiveness(s, valid)
+        disc = gr.group_discrimination(s, valid)
+        seq, item = genrubric_rewards(v, w, iv, comprehensiveness_coef=2.0,
+                                      discrimination_coef=0.5, discriminative_coef=1.0,
+                                      nonredundant_coef=0.0, clip_scores=clip)
+        np.testing.assert_allclose(seq, 2 * comp + 0.5 * disc, atol=1e-6)
     np.testing.assert_allclose(item, item_discriminative(v, iv, valid), atol=1e-6)
     assert float(item[2, 1]) == 0.0  # invalid item
 
@@ -410,3 +430,38 @@ def test_tied_reference_ranks_make_no_pair():
         preference_pairs(ranks, jnp.ones(3, bool)),
         [[False, True, True], [False, False, False], [False, False, False]])
 
+
+
+def test_shuffle_among_valid_permutes_valid_entries_in_place_of_valid_ones():
+    values = jnp.asarray([[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], [10.0, 20.0, 30.0, 40.0, 50.0, 60.0]])
+    valid = jnp.asarray([[True, False, True, True, False, True],
+                         [False, True, True, False, True, True]])
+    seen = set()
+    for seed in range(20):
+        out = np.asarray(gr.shuffle_among_valid(values, valid, jax.random.key(seed)))
+        for row, ok, got in zip(np.asarray(values), np.asarray(valid), out):
+            np.testing.assert_array_equal(got[~ok], row[~ok])  # invalid entries stay put
+            assert sorted(got[ok]) == sorted(row[ok])  # the valid ones are permuted among them
+        seen.add(tuple(out[0]))
+    assert len(seen) > 10  # a random permutation, not a fixed one (4! = 24 possible)
+    jitted = jax.jit(gr.shuffle_among_valid)
+    np.testing.assert_array_equal(jitted(values, valid, jax.random.key(3)),
+                                  gr.shuffle_among_valid(values, valid, jax.random.key(3)))
+
+
+def test_clipped_scores_leave_no_gain_in_piling_negative_weight_on_a_light_positive_item():
+    """Rubrics that tell three answers apart by the same item ``b``: ``[5] a, [-5] b`` (twice)
+    and ``[1] a, [-5] b, [-5] c`` (``c`` met by the answers ``b`` is). Unclipped, the latter's
+    scores spread over [-9, 1] and its discrimination is 10 times the former's; read clipped
+    to [0, 1], as the rewards do, the two are equal."""
+    weights = np.array([[5, -5, 0], [1, -5, -5], [5, -5, 0]], np.int32)
+    item_valid = np.array([[True, True, False], [True, True, True], [True, True, False]])
+    # verdicts[resp, rubric, item]: every answer meets a; answers 1 and 2 meet b (and c).
+    v = np.zeros((3, 3, 3), np.float32)
+    v[:, :, 0] = 1
+    v[1:, :, 1:] = 1
+    valid = gr.group_validity(weights, item_valid)
+    spread = {clip: np.asarray(gr.group_discrimination(
+        gr.group_scores(v, weights, item_valid, clip=clip), valid)) for clip in (False, True)}
+    assert spread[False][1] == pytest.approx(10 * spread[False][0])
+    assert spread[True][1] == pytest.approx(spread[True][0])

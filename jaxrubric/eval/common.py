@@ -94,9 +94,14 @@ def pad_id(tokenizer: Any) -> int:
 
 
 def item(tokenizer: Any, criterion: str, weight: int, max_tokens: int) -> Item:
-    """The criterion on one line, after the space the verifier template expects before it."""
+    """The criterion's tokens as a generated item's are (what the verifier was trained to read):
+    encoded after the space that follows ``]`` in a rubric line, which stays with the text
+    when the tokenizer merges it (``Ġhas``) and is the line's structure, not the item, when it
+    is a token of its own (a character-level tokenizer's ``" "``, `jaxrubric.rubric.grammar`)."""
     criterion = " ".join(criterion.split())
     ids = encode(tokenizer, " " + criterion)
+    if ids and tokenizer.decode(ids[:1]) == " ":
+        ids = ids[1:]
     return Item(criterion, weight, ids[:max_tokens], len(ids) > max_tokens)
 
 

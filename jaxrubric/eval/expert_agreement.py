@@ -114,12 +114,24 @@ class ExpertRows:
         return agreement_scalars(out["scores"], out["group_valid"], self.num_responses,
                                  self.batch.runs, seed=self.seed)
 
-    def score_rows(self, out: Mapping[str, Any], round_: int) -> list[dict[str, Any]]:
+    def score_rows(self, out: Mapping[str, Any], round_: int, tokenizer: Any
+                   ) -> list[dict[str, Any]]:
         """One JSON row per query: the score matrix `[n, runs + 2]` of its n completions and
-        the groups' validity, in group order (sampled runs, greedy, expert)."""
+        the groups' validity, in group order (sampled runs, greedy, expert), and the written
+        rubrics (`rubrics`: per generated group, its valid items as ``[weight, criterion]``
+        with the criterion decoded as the verifier read it, leading space stripped)."""
         scores, valid = np.asarray(out["scores"]), np.asarray(out["group_valid"])
+        items, lengths = np.asarray(out["rubric_items"]), np.asarray(out["rubric_item_lengths"])
+        weights, item_valid = np.asarray(out["rubric_weights"]), np.asarray(out["rubric_valid"])
+
+        def rubric(b: int, g: int) -> list[list[Any]]:
+            return [[int(weights[b, g, m]),
+                     tokenizer.decode(items[b, g, m, :lengths[b, g, m]].tolist()).strip()]
+                    for m in range(items.shape[2]) if item_valid[b, g, m]]
+
         return [{"round": round_, "id": r.id, "row": row, "valid": valid[b].tolist(),
-                 "scores": scores[b, :len(r.responses)].tolist()}
+                 "scores": scores[b, :len(r.responses)].tolist(),
+                 "rubrics": [rubric(b, g) for g in range(items.shape[1])]}
                 for b, (r, row) in enumerate(zip(self.records, self.rows))]
 
 

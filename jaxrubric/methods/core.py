@@ -32,6 +32,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jaxrubric import microbatch, placement, sampling
 from jaxrubric.models.transformer import Decoder
 from jaxrubric.rewards.dynamic_rubric import DISC_MODES, GENERATOR_COMBINES
+from jaxrubric.rewards.genrubric import SPREADS
 from jaxrubric.rl import grpo
 from jaxrubric.roles import TRAINED, Role
 from jaxrubric.rubric import grammar as grammar_lib
@@ -89,6 +90,15 @@ class RoundConfig:
     discrimination_coef: float = 1.0
     discriminative_coef: float = 0.5
     nonredundant_coef: float = 0.5
+    # How group discrimination measures a rubric's spread over the induced responses
+    # (`rewards.genrubric.group_discrimination`): "std", "range", or "pairs" (the share of
+    # response pairs it scores apart, which a coarser rubric cannot raise).
+    discrimination_spread: str = "std"
+    # A control, not a method: GenRubric's generator rewards are shuffled among each query's
+    # groups (and items) before they become advantages (`genrubric.generator_credit`), so an
+    # agreement that rises anyway comes from sharpening the sampled distribution, not from
+    # what the rewards say.
+    shuffle_generator_credit: bool = False
     # Which rubric scores the policy: the mean over valid groups, or the group the generator's
     # reward ranks best (the sharpest evaluator of this round).
     policy_score: Literal["mean", "best_group"] = "mean"
@@ -135,6 +145,7 @@ OPTIONS: dict[str, Any] = {
     "advantage_mode": grpo.ADVANTAGE_MODES,
     "disc_mode": DISC_MODES,
     "generator_combine": GENERATOR_COMBINES,
+    "discrimination_spread": SPREADS,
     "policy_score": ("mean", "best_group"),
     "rubric_source": ("dynamic", "static"),
     "policy_reward": ("rubric", "oracle"),

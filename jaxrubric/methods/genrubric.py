@@ -106,21 +106,35 @@ class GeneratorCredit(NamedTuple):
 
 def generator_credit(parsed: grammar_lib.ParsedRubric, verdicts: jax.Array, *,
                      soft: bool = False, advantage_mode: grpo.AdvantageMode = "group_std",
-                     coefficients: Mapping[str, float] | None = None) -> GeneratorCredit:
+                     coefficients: Mapping[str, float] | None = None, spread: gr.Spread = "std",
+                     shuffle_key: jax.Array | None = None) -> GeneratorCredit:
     """Rewards and token advantages of parsed rubrics `[..., G, ...]` from verdicts
     `[..., G_resp, G_rub, M]` (hard 0/1, or p_yes with `soft`); `coefficients` of
-    `genrubric_rewards` by name (default: its defaults).
+    `genrubric_rewards` by name (default: its defaults); `spread`: how group discrimination is
+    measured (`gr.group_discrimination`).
 
     An incomplete rubric (no end token, or a forbidden token) counts as malformed: its items
     are dropped, so `genrubric_rewards` gives it reward 0 and keeps it out of evaluation.
+
+    `shuffle_key` (the control of `RoundConfig.shuffle_generator_credit`): each query's
+    sequence rewards are permuted among its well-formed groups and its item rewards among its
+    valid items before they become advantages, so the update keeps its size and spread but no
+    longer says which rubric earned what. The returned rewards are the shuffled ones.
     """
     item_valid = parsed.valid & parsed.complete[..., None]
     group_valid = gr.group_validity(parsed.weights, item_valid)
     sequence, item = gr.genrubric_rewards(verdicts, parsed.weights, item_valid, soft_items=soft,
-                                          **(coefficients or {}))
+                                          spread=spread, **(coefficients or {}))
+    item_mask = item_valid & group_valid[..., None]
+    if shuffle_key is not None:
+        sequence_key, item_key = jax.random.split(shuffle_key)
+        sequence = gr.shuffle_among_valid(sequence, group_valid, sequence_key)
+        flat = item.shape[:-2] + (-1,)
+        item = gr.shuffle_among_valid(item.reshape(flat), item_mask.reshape(flat),
+                                      item_key).reshape(item.shape)
     advantages = gr.genrubric_token_advantages(
-        sequence, item, item_valid & group_valid[..., None], parsed.token_item,
-        group_valid=group_valid, mode=advantage_mode)
+        sequence, item, item_mask, parsed.token_item, group_valid=group_valid,
+        mode=advantage_mode)
     scores = gr.group_scores(verdicts, parsed.weights, item_valid)
     return GeneratorCredit(item_valid, group_valid, scores, sequence, item, advantages)
 
@@ -165,10 +179,10 @@ class Judged(NamedTuple):
 
 def judge_stage(setup: RoundSetup, verifier_params: nnx.State, question: Question,
                 rubrics: sampling.SampleResult, parsed: grammar_lib.ParsedRubric,
-                induced: Induced) -> Judged:
+                induced: Induced, rng: jax.Array) -> Judged:
     """Stage 3 (verifier): every induced response under every group in one verifier call
     `[B, G_resp, G_rub, M]`; rewards and token-level credit for the generator, cross-rubric
-    rewards and advantages for the policy."""
+    rewards and advantages for the policy (`rng`: the control's shuffle only)."""
     cfg = setup.config
     verifier = nnx.merge(setup.graph(Role.VERIFIER), verifier_params)
     responses = induced.responses
@@ -178,7 +192,10 @@ def judge_stage(setup: RoundSetup, verifier_params: nnx.State, question: Questio
 
     credit = generator_credit(parsed, verdicts, soft=cfg.soft_verdicts,
                               advantage_mode=cfg.advantage_mode,
-                              coefficients=reward_coefficients(cfg))
+                              coefficients=reward_coefficients(cfg),
+                              spread=cfg.discrimination_spread,
+                              shuffle_key=(jax.random.fold_in(rng, 3)
+                                           if cfg.shuffle_generator_credit else None))
     group_valid = credit.group_valid
     item_mask = item_valid & group_valid[..., None]
     policy_reward, policy_valid = induced_response_rewards(credit.scores, group_valid)
@@ -187,8 +204,8 @@ def judge_stage(setup: RoundSetup, verifier_params: nnx.State, question: Questio
         "generator/reward": credit.sequence_reward.mean(),
         "generator/comprehensiveness": grpo.masked_mean(
             gr.cross_rubric_comprehensiveness(credit.scores, group_valid), group_valid),
-        "generator/discrimination": grpo.masked_mean(
-            gr.group_discrimination(credit.scores, group_valid), group_valid),
+        "generator/discrimination": grpo.masked_mean(gr.group_discrimination(
+            credit.scores, group_valid, spread=cfg.discrimination_spread), group_valid),
         "generator/item_reward": grpo.masked_mean(credit.item_reward, item_mask),
         "generator/item_discriminative": grpo.masked_mean(gr.item_discriminative(
             verdicts, item_valid, group_valid, soft=cfg.soft_verdicts), item_mask),
@@ -240,7 +257,8 @@ def genrubric_round(setup: RoundSetup, state: RoundState, frozen: Frozen, batch:
                                      core.role_weights(state, frozen, Role.GENERATOR), question, rng)
     induced = run(Role.POLICY, induce_stage, core.role_weights(state, frozen, Role.POLICY),
                   question, rubrics, rng)
-    judged = run(Role.VERIFIER, judge_stage, frozen.verifier, question, rubrics, parsed, induced)
+    judged = run(Role.VERIFIER, judge_stage, frozen.verifier, question, rubrics, parsed, induced,
+                 rng)
     # 4. The generator learns from its rubric tokens with token-level advantages; the policy
     # from the induced responses, advantages over the G responses of a query.
     new_state, update_metrics = core.update_roles(setup, run, state, frozen, {
@@ -318,11 +336,18 @@ def genrubric_evaluation(setup: RoundSetup, state: RoundState, frozen: Frozen,
     """The held-out evaluation's device part, no update (jitted whole, or a stage per role's
     mesh): rubrics written from each held-out query alone, then every completion judged. The
     agreement metrics are the host's (`ExpertRows.scalars`): rank statistics over a few
-    hundred numbers are not worth sorts and masks in XLA."""
+    hundred numbers are not worth sorts and masks in XLA. Beside the scores, the R + 1 written
+    rubrics per query, parsed (`rubric_items [B, R + 1, M, Li]`, `rubric_item_lengths`,
+    `rubric_weights`, `rubric_valid` `[B, R + 1, M]`)."""
     run = run or placement.colocated(setup)
     parsed = run(Role.GENERATOR, evaluation_write_stage,
                  core.role_weights(state, frozen, Role.GENERATOR), batch, rng)
-    return run(Role.VERIFIER, evaluation_judge_stage, frozen.verifier, batch, parsed)
+    judged = run(Role.VERIFIER, evaluation_judge_stage, frozen.verifier, batch, parsed)
+    # The written rubrics leave the device too (a few KiB): `eval_scores.jsonl` shows what was
+    # judged, and a world with a checker can judge them again without the verifier's errors.
+    return {**judged, "rubric_items": parsed.items, "rubric_item_lengths": parsed.item_lengths,
+            "rubric_weights": parsed.weights,
+            "rubric_valid": parsed.valid & parsed.complete[..., None]}
 
 
 # ------------------------------------------------------------------------------ the method

@@ -30,7 +30,8 @@ from jaxrubric.rl.grpo import AdvantageMode, group_advantages, rank_invalid_last
 from jaxrubric.rubric.scores import genrubric_score
 
 Array = jax.Array
-Spread = Literal["std", "range"]
+Spread = Literal["std", "range", "pairs"]
+SPREADS = ("std", "range", "pairs")
 
 
 def group_validity(weights: Array, item_valid: Array) -> Array:
@@ -40,15 +41,17 @@ def group_validity(weights: Array, item_valid: Array) -> Array:
     return iv.any(-1) & (positive > 0)
 
 
-def group_scores(verdicts: Array, weights: Array, item_valid: Array) -> Array:
+def group_scores(verdicts: Array, weights: Array, item_valid: Array, *, clip: bool = False
+                 ) -> Array:
     """`S[..., g_resp, g_rub]`: response g_resp scored under group g_rub (0 under malformed g_rub).
 
     The GenRubric score of `jaxrubric.rubric.scores.genrubric_score` (the one evaluation uses):
     negative-weight items subtract when satisfied, so S may be negative; a response that meets
-    every positive item and no negative one scores 1.
+    every positive item and no negative one scores 1. `clip`: each score clipped to [0, 1]
+    (what the rewards read, see `genrubric_rewards`).
     """
     scores, _ = genrubric_score(verdicts, jnp.asarray(weights)[..., None, :, :],
-                                jnp.asarray(item_valid)[..., None, :, :])
+                                jnp.asarray(item_valid)[..., None, :, :], clip=clip)
     return scores
 
 
@@ -70,13 +73,17 @@ def cross_rubric_comprehensiveness(scores: Array, group_valid: Array) -> Array:
 
 
 def group_discrimination(
-    scores: Array, group_valid: Array, *, response_valid: Array | None = None, spread: Spread = "std"
+    scores: Array, group_valid: Array, *, response_valid: Array | None = None, spread: Spread = "std",
+    tol: float = 1e-6,
 ) -> Array:
-    """`[..., G]`: spread of `S_g(r_{g''})` over the valid induced responses g''.
+    """`[..., G]`: how far group g tells the valid induced responses g'' apart by `S_g(r_{g''})`.
 
     `spread="std"` (default) is the population std, which uses every response and is in
     `[0, 0.5]` for scores in [0, 1]; `"range"` is max - min, in `[0, 1]`, which only looks at
-    the extremes. 0 for a malformed g or fewer than two valid responses.
+    the extremes; `"pairs"` is the share of response pairs whose scores differ (by more than
+    `tol`), in `[0, 1]`. Std and range grow as a rubric gets coarser (one all-or-nothing
+    item has the largest std a score can have), pairs as it resolves more answers from each
+    other, whatever its scale. 0 for a malformed g or fewer than two valid responses.
     """
     rv = _response_mask(group_valid, response_valid)[..., :, None]
     n = rv.sum(-2)
@@ -85,8 +92,13 @@ def group_discrimination(
         value = jnp.sqrt(safe_ratio((jnp.square(scores - mean[..., None, :]) * rv).sum(-2), n))
     elif spread == "range":
         value = jnp.max(jnp.where(rv, scores, -jnp.inf), -2) - jnp.min(jnp.where(rv, scores, jnp.inf), -2)
+    elif spread == "pairs":
+        both = rv[..., :, None, :] & rv[..., None, :, :]  # [..., G_resp, G_resp, 1]
+        apart = jnp.abs(scores[..., :, None, :] - scores[..., None, :, :]) > tol
+        pairs = both.sum((-3, -2)) - n  # ordered pairs of distinct responses
+        value = safe_ratio((apart & both).sum((-3, -2)), pairs)
     else:
-        raise ValueError(f"unknown spread {spread!r}; expected std or range")
+        raise ValueError(f"unknown spread {spread!r}; expected one of {SPREADS}")
     return jnp.where(group_valid & (n >= 2), value, 0.0)
 
 
@@ -168,6 +180,7 @@ def genrubric_rewards(
     spread: Spread = "std",
     soft_items: bool = False,
     threshold: float = 0.5,
+    clip_scores: bool = True,
 ) -> tuple[Array, Array]:
     """Sequence rewards `[..., G]` and item rewards `[..., G, M]` for G rubric groups.
 
@@ -182,9 +195,16 @@ def genrubric_rewards(
       responses but duplicates a sibling earns 0.5).
 
     Malformed groups (see `group_validity`) get 0 for both, invalid items 0.
+
+    The sequence rewards read scores clipped to [0, 1] (`clip_scores`, as HealthBench clips
+    its aggregate). Unclipped, a score is normalised by the positive weights alone, so a rubric
+    of one light positive item and heavy negative ones (``[1] a``, ``[-5] b``, ``[-5] c``)
+    spreads its scores over [-10, 1]: its discrimination grows with the ratio of its weights,
+    not with what it tells apart, and the answers it scores fall far below 0 in the others'
+    comprehensiveness. The GenRubric toy world's generator learned exactly that rubric.
     """
     group_valid = group_validity(weights, item_valid)
-    scores = group_scores(verdicts, weights, item_valid)
+    scores = group_scores(verdicts, weights, item_valid, clip=clip_scores)
     sequence = comprehensiveness_coef * cross_rubric_comprehensiveness(scores, group_valid)
     sequence += discrimination_coef * group_discrimination(
         scores, group_valid, response_valid=response_valid, spread=spread
@@ -242,3 +262,18 @@ def genrubric_token_advantages(
     seq_adv = group_advantages(sequence_reward, mode=mode, eps=eps)
     item_adv = item_advantages(item_reward, item_mask, mode=mode, eps=eps)
     return token_level_advantages(seq_adv, item_adv, token_item_index)
+
+
+def shuffle_among_valid(values: Array, valid: Array, key: jax.Array) -> Array:
+    """`values [..., N]` with the valid entries of each row permuted at random among the valid
+    positions (invalid entries stay where they are): the same rewards, no longer attached to
+    what earned them. The control run of the GenRubric toy world uses it to tell learning from
+    the rewards apart from the sharpening any update of a sampled distribution brings."""
+    valid = jnp.asarray(valid, bool)
+    noise = jax.random.uniform(key, values.shape)
+    # Valid positions in a random order, then the invalid ones in their own order (argsort is
+    # stable); and valid positions in their own order, then the invalid ones.
+    shuffled = jnp.argsort(jnp.where(valid, noise, 2.0), axis=-1)
+    ordered = jnp.argsort(jnp.where(valid, 0, 1), axis=-1)
+    source = jnp.take_along_axis(shuffled, jnp.argsort(ordered, axis=-1), axis=-1)
+    return jnp.take_along_axis(values, source, axis=-1)
