@@ -122,6 +122,9 @@ def _convert(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace, overrides: Sequence[str]) -> int:
     if args.config is None:
         return _toy_world(args, overrides)
+    if args.method:
+        raise SystemExit("jaxrubric train: --method picks a toy world; with --config the "
+                         "config's `method` key decides (--config.method=...)")
     from jaxrubric.config import load_config
     from jaxrubric.train import train
 
@@ -138,14 +141,21 @@ def _train(args: argparse.Namespace, overrides: Sequence[str]) -> int:
 
 
 def _toy_world(args: argparse.Namespace, overrides: Sequence[str]) -> int:
-    """`jaxrubric train` without a config: the toy world, end to end."""
-    from jaxrubric.toy.world import ToyWorldConfig, run_toy_world
-
+    """`jaxrubric train` without a config: a toy world, end to end (`--method`: DynamicRubric's
+    or GenRubric's)."""
     if overrides:
         raise SystemExit("--config.KEY=VALUE overrides need --config; the toy world takes "
-                         "--seed and --rounds")
-    config = ToyWorldConfig(seed=args.seed, **({"rounds": args.rounds} if args.rounds else {}))
-    run_toy_world(args.workdir or "toy_world", config)
+                         "--method, --seed and --rounds")
+    rounds = {"rounds": args.rounds} if args.rounds else {}
+    if args.method == "genrubric":
+        from jaxrubric.toy.genrubric_world import GenRubricWorldConfig, run_genrubric_world
+
+        run_genrubric_world(args.workdir or "toy_genrubric",
+                            GenRubricWorldConfig(seed=args.seed, **rounds))
+    else:
+        from jaxrubric.toy.world import ToyWorldConfig, run_toy_world
+
+        run_toy_world(args.workdir or "toy_world", ToyWorldConfig(seed=args.seed, **rounds))
     return 0
 
 
@@ -210,6 +220,11 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--config", help="a config file (configs/NAME.py); none: the toy world")
     train.add_argument("--workdir", help="checkpoints, TensorBoard logs; rerun with the same "
                                          "folder to resume (required with --config; toy world default: toy_world)")
+    train.add_argument("--method", choices=["dynamic_rubric", "genrubric"],
+                       help="toy world only (default dynamic_rubric): DynamicRubric's (co-evolving vs stale, static and "
+                            "oracle evaluators) or GenRubric's (self-evolving vs shuffled-reward "
+                            "control, agreement with an expert rubric; default workdir "
+                            "toy_genrubric)")
     train.add_argument("--seed", type=int, default=0, help="toy world only")
     train.add_argument("--rounds", type=int, default=0,
                        help="toy world only: rounds of each compared run (0: the default)")

@@ -31,9 +31,11 @@ checkpoint).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import random
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -117,6 +119,23 @@ class ToyWorldConfig:
                                  f"{allowed}")
 
 
+class StageTimer:
+    """Wall-clock seconds of a world's stages, printed and kept in a JSON file (a rerun that
+    finds a stage cached records its few seconds of loading instead): where a run's time goes."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.seconds: dict[str, float] = (json.loads(path.read_text()) if path.exists() else {})
+
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        yield
+        self.seconds[name] = round(time.perf_counter() - start, 1)
+        self.path.write_text(json.dumps(self.seconds, indent=1))
+        print(f"time: {name} {self.seconds[name]:.1f} s", flush=True)
+
+
 # --------------------------------------------------------------------------------- data
 def write_data(workdir: Path, cfg: ToyWorldConfig) -> dict[str, Path]:
     """Train and held-out anchor lists as JSONL (the loaders' schema), from the seed."""
@@ -132,22 +151,22 @@ def write_data(workdir: Path, cfg: ToyWorldConfig) -> dict[str, Path]:
     return paths
 
 
-def _ids(tokenizer: Any, text: str) -> list[int]:
+def text_ids(tokenizer: Any, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
 
 
-def _template_ids(template: tpl.TokenTemplate, tokenizer: Any, *texts: str) -> list[int]:
+def template_ids(template: tpl.TokenTemplate, tokenizer: Any, *texts: str) -> list[int]:
     """The template's token ids with ``texts`` in its slots, spliced as the round splices."""
     ids = list(template.segments[0])
     for text, segment in zip(texts, template.segments[1:]):
-        ids += _ids(tokenizer, text) + list(segment)
+        ids += text_ids(tokenizer, text) + list(segment)
     return ids
 
 
-def _policy_prompt(tokenizer: Any, question: str) -> list[int]:
+def policy_prompt(tokenizer: Any, question: str) -> list[int]:
     chat = tokenizer.apply_chat_template([{"role": "user", "content": question}],
                                          add_generation_prompt=True, tokenize=False)
-    return _ids(tokenizer, chat)
+    return text_ids(tokenizer, chat)
 
 
 def verifier_examples(tokenizer: Any, rng: random.Random, n: int, malformed: bool = False
@@ -155,7 +174,7 @@ def verifier_examples(tokenizer: Any, rng: random.Random, n: int, malformed: boo
     """(prompt ids, [yes or no id]) pairs labelled by the checker, half of each label
     (`malformed`: criteria outside the language instead, every one "no")."""
     template = tpl.verifier_template(tokenizer, style="compact")
-    yes, no = _ids(tokenizer, "yes"), _ids(tokenizer, "no")
+    yes, no = text_ids(tokenizer, "yes"), text_ids(tokenizer, "no")
     prompts, targets, wanted = [], [], not malformed
     while len(prompts) < n:
         question, _ = task.make_prompt(rng)
@@ -164,7 +183,7 @@ def verifier_examples(tokenizer: Any, rng: random.Random, n: int, malformed: boo
                      else task.random_criterion(question, rng))
         if task.check(criterion, answer) != wanted:
             continue
-        prompts.append(_template_ids(template, tokenizer, question, answer, criterion))
+        prompts.append(template_ids(template, tokenizer, question, answer, criterion))
         targets.append(yes if wanted else no)
         wanted = not wanted and not malformed
     return prompts, targets
@@ -187,7 +206,7 @@ def verifier_batch(tokenizer: Any, rng: random.Random, rows: int, items: int,
     for r in range(rows):
         question, _ = task.make_prompt(rng)
         answer = task.noisy_answer(question, rng)
-        prefix = _template_ids(head, tokenizer, question, answer)
+        prefix = template_ids(head, tokenizer, question, answer)
         out["prefix"][r, 0, :len(prefix)] = prefix
         out["prefix_len"][r, 0] = len(prefix)
         for m in range(items):
@@ -195,7 +214,7 @@ def verifier_batch(tokenizer: Any, rng: random.Random, rows: int, items: int,
                 malformed = cfg.verifier_malformed and rng.random() < cfg.verifier_malformed
                 criterion = (task.malformed_criterion(question, rng) if malformed
                              else task.random_criterion(question, rng))
-                ids = _ids(tokenizer, criterion)
+                ids = text_ids(tokenizer, criterion)
                 if len(ids) <= cfg.max_item_tokens:
                     break
             out["items"][r, 0, m, :len(ids)] = ids
@@ -215,7 +234,7 @@ def train_verifier(model, tokenizer: Any, mesh, cfg: ToyWorldConfig, rng: random
 
     readout = ver.verifier_readout(tokenizer, tpl.verifier_template(tokenizer, style="compact"))
     graph, params = nnx.split(model, nnx.Param)
-    optimizer = _sft_optimizer(cfg, steps)
+    optimizer = sft_optimizer(cfg.sft_lr, steps)
     pad = tokenizer.pad_token_id
 
     def loss_fn(p, batch):
@@ -248,9 +267,9 @@ def policy_examples(tokenizer: Any, rng: random.Random, n: int, p_correct: float
     prompts, targets = [], []
     for _ in range(n):
         question, _ = task.make_prompt(rng)
-        prompts.append(_policy_prompt(tokenizer, question))
+        prompts.append(policy_prompt(tokenizer, question))
         answer = task.policy_warm_start_answer(question, rng, p_correct, mistakes)
-        targets.append(_ids(tokenizer, answer) + [tokenizer.eos_token_id])
+        targets.append(text_ids(tokenizer, answer) + [tokenizer.eos_token_id])
     return prompts, targets
 
 
@@ -267,15 +286,15 @@ def generator_examples(tokenizer: Any, rng: random.Random, n: int, cfg: ToyWorld
         shown = [task.policy_warm_start_answer(question, rng, cfg.policy_p_correct,
                                                cfg.policy_mistakes)
                  for _ in range(shown_count)]
-        prompts.append(_template_ids(template, tokenizer, question, *shown))
+        prompts.append(template_ids(template, tokenizer, question, *shown))
         rubric = task.teacher_rubric(question, rng, cfg.max_items, cfg.teacher_informed,
                                      cfg.teacher_sound)
-        targets.append(_ids(tokenizer, rubric) + [tokenizer.eos_token_id])
+        targets.append(text_ids(tokenizer, rubric) + [tokenizer.eos_token_id])
     return prompts, targets
 
 
 # ----------------------------------------------------------------------------- warm starts
-def _new_model(tokenizer: Any, mesh, seed: int, hidden: int, layers: int):
+def new_model(tokenizer: Any, mesh, seed: int, hidden: int, layers: int):
     config = jaxrubric.tiny_config(
         "qwen3", vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
         num_layers=layers, num_heads=4, num_kv_heads=2, head_dim=hidden // 4,
@@ -284,18 +303,22 @@ def _new_model(tokenizer: Any, mesh, seed: int, hidden: int, layers: int):
     return shd.shard_model(jaxrubric.init_model(config, seed=seed), mesh)
 
 
-def _batches(tokenizer: Any, make, rng: random.Random, size: int) -> Iterator[sft.SFTBatch]:
+def sft_batches(tokenizer: Any, make, rng: random.Random, size: int, multiple: int = 8
+                ) -> Iterator[sft.SFTBatch]:
+    """Endless SFT batches of `make(rng, size)` pairs, each padded to a multiple of `multiple`
+    tokens (few distinct widths: few compilations)."""
     while True:
         prompts, targets = make(rng, size)
         width = max(len(p) + len(t) for p, t in zip(prompts, targets))
-        width = -(-width // 8) * 8  # few distinct widths: few compilations
+        width = -(-width // multiple) * multiple
         yield sft.encode_examples(None, prompts, targets, max_len=width,
                                   pad_id=tokenizer.pad_token_id)
 
 
-def _sft_optimizer(cfg: ToyWorldConfig, steps: int) -> optax.GradientTransformation:
+def sft_optimizer(lr: float, steps: int) -> optax.GradientTransformation:
+    """AdamW with a short warm-up and a cosine decay to a tenth of `lr`: every warm start's."""
     return optax.adamw(optax.warmup_cosine_decay_schedule(
-        0.0, cfg.sft_lr, min(50, steps // 5), steps, end_value=cfg.sft_lr / 10))
+        0.0, lr, min(50, steps // 5), steps, end_value=lr / 10))
 
 
 def warm_start(role: str, workdir: Path, tokenizer: Any, mesh, cfg: ToyWorldConfig) -> Path:
@@ -305,17 +328,17 @@ def warm_start(role: str, workdir: Path, tokenizer: Any, mesh, cfg: ToyWorldConf
         return out
     rng = random.Random(f"{cfg.seed}-{role}")
     if role == "verifier":
-        model = _new_model(tokenizer, mesh, cfg.seed + 3, cfg.verifier_hidden_size,
+        model = new_model(tokenizer, mesh, cfg.seed + 3, cfg.verifier_hidden_size,
                            cfg.verifier_layers)
         make = None
         steps = cfg.verifier_steps
     elif role == "policy":
-        model = _new_model(tokenizer, mesh, cfg.seed + 1, cfg.hidden_size, cfg.num_layers)
+        model = new_model(tokenizer, mesh, cfg.seed + 1, cfg.hidden_size, cfg.num_layers)
         make = lambda r, n: policy_examples(  # noqa: E731
             tokenizer, r, n, cfg.policy_p_correct, cfg.policy_mistakes)
         steps = cfg.policy_steps
     else:  # generator_cold, or generator_cold_static for the static baseline
-        model = _new_model(tokenizer, mesh, cfg.seed + 2, cfg.hidden_size, cfg.num_layers)
+        model = new_model(tokenizer, mesh, cfg.seed + 2, cfg.hidden_size, cfg.num_layers)
         static = role.endswith("_static")
         make = lambda r, n: generator_examples(tokenizer, r, n, cfg, static)  # noqa: E731
         steps = cfg.generator_steps
@@ -323,8 +346,8 @@ def warm_start(role: str, workdir: Path, tokenizer: Any, mesh, cfg: ToyWorldConf
     if role == "verifier":
         history = train_verifier(model, tokenizer, mesh, cfg, rng, steps)
     else:
-        _, history = sft.train_sft(model, _sft_optimizer(cfg, steps),
-                                   _batches(tokenizer, make, rng, cfg.sft_batch),
+        _, history = sft.train_sft(model, sft_optimizer(cfg.sft_lr, steps),
+                                   sft_batches(tokenizer, make, rng, cfg.sft_batch),
                                    steps=steps, log_every=max(1, steps // 10))
     jaxrubric.save_pretrained(model, out)
     (out / "sft_history.json").write_text(json.dumps(history, indent=1))
@@ -483,8 +506,9 @@ def plot(summary: dict[str, Any], path: Path, runs: tuple[str, ...]) -> None:
     plt.close(fig)
 
 
-def run_toy_world(workdir: str | Path, cfg: ToyWorldConfig = ToyWorldConfig()) -> dict[str, Any]:
-    """The whole toy world (see the module docstring); returns the summary."""
+def prepare_workdir(workdir: str | Path, cfg: Any) -> tuple[Path, Any]:
+    """A world's workdir made (absolute), its compilation cache on, its config (a dataclass)
+    saved, and the toy tokenizer built there once: returns the workdir and the tokenizer."""
     workdir = Path(workdir).absolute()
     workdir.mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", str(workdir / "jax_cache"))
@@ -492,18 +516,28 @@ def run_toy_world(workdir: str | Path, cfg: ToyWorldConfig = ToyWorldConfig()) -
     (workdir / "toy_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
     if not (workdir / "tokenizer" / "tokenizer.json").exists():
         task.build_tokenizer(workdir / "tokenizer")
-    tokenizer = jaxrubric.load_tokenizer(workdir / "tokenizer")
+    return workdir, jaxrubric.load_tokenizer(workdir / "tokenizer")
+
+
+def run_toy_world(workdir: str | Path, cfg: ToyWorldConfig = ToyWorldConfig()) -> dict[str, Any]:
+    """The whole toy world (see the module docstring); returns the summary."""
+    workdir, tokenizer = prepare_workdir(workdir, cfg)
     paths = write_data(workdir, cfg)
     mesh = shd.make_mesh({"fsdp": -1})
     static = any(name in STATIC_RUNS for name in cfg.runs)
+    timings = StageTimer(workdir / "timings.json")
     for role in ("verifier", "policy", "generator_cold", *(("generator_cold_static",) if static
                                                             else ())):
-        warm_start(role, workdir, tokenizer, mesh, cfg)
-    generators = {False: trained_generator(workdir, paths, cfg)}
+        with timings.stage(f"warm start: {role}"):
+            warm_start(role, workdir, tokenizer, mesh, cfg)
+    with timings.stage("generator rounds"):
+        generators = {False: trained_generator(workdir, paths, cfg)}
     if static:
-        generators[True] = trained_generator(workdir, paths, cfg, static=True)
+        with timings.stage("generator rounds: static"):
+            generators[True] = trained_generator(workdir, paths, cfg, static=True)
     for name in cfg.runs:
-        _train_run(name, workdir, paths, cfg, generators[name in STATIC_RUNS])
+        with timings.stage(f"run: {name}"):
+            _train_run(name, workdir, paths, cfg, generators[name in STATIC_RUNS])
     return summarize(workdir, cfg)
 
 
@@ -549,7 +583,7 @@ def mistake_profile(workdir: str | Path, run: str | None = None, *, samples: int
             export(workdir / "runs" / run, "policy", model_dir, oracle=task.oracle_reward)
     rows = [json.loads(line) for line in (workdir / "data" / "eval.jsonl").read_text().splitlines()]
     out = generate(jaxrubric.load_pretrained(model_dir),
-                   [_policy_prompt(tokenizer, r["prompt"]) for r in rows], max_new_tokens=8,
+                   [policy_prompt(tokenizer, r["prompt"]) for r in rows], max_new_tokens=8,
                    rng=jax.random.key(seed), num_samples=samples, pad_id=tokenizer.pad_token_id)
     quality, drops_big, keeps_small = [], [], []
     for row, tokens, lengths in zip(rows, np.asarray(out.tokens), np.asarray(out.lengths)):
@@ -593,7 +627,7 @@ def rubric_profile(workdir: str | Path, run: str | None = None, *, questions: in
     k = cfg["num_responses"]
     key = jax.random.key(seed)
     answers = generate(jaxrubric.load_pretrained(policy_dir),
-                       [_policy_prompt(tokenizer, r["prompt"]) for r in rows], max_new_tokens=8,
+                       [policy_prompt(tokenizer, r["prompt"]) for r in rows], max_new_tokens=8,
                        rng=key, num_samples=k, pad_id=tokenizer.pad_token_id)
     template = tpl.dynamic_rubric_generator_template(
         tokenizer, 0 if static else k, max_items=cfg["max_items"], style="compact")
@@ -601,7 +635,7 @@ def rubric_profile(workdir: str | Path, run: str | None = None, *, questions: in
     for row, tokens, lengths in zip(rows, np.asarray(answers.tokens), np.asarray(answers.lengths)):
         shown = [tokenizer.decode(ids[:n], skip_special_tokens=True)
                  for ids, n in zip(tokens, lengths)]
-        prompts.append(_template_ids(template, tokenizer, row["prompt"],
+        prompts.append(template_ids(template, tokenizer, row["prompt"],
                                      *([] if static else shown)))
     grammar = build_rubric_grammar(tokenizer, weights=POSITIVE_WEIGHTS,
                                    max_items=cfg["max_items"],

@@ -1,0 +1,437 @@
+"""GenRubric's toy world: self-evolution that measurably raises agreement with an expert rubric.
+
+`run_genrubric_world(workdir)` (``jaxrubric train --method genrubric``) builds the big-digits
+world with signed rubrics (`jaxrubric.toy.signed_rubrics`) and runs GenRubric on it, every role
+a real transformer LM from our own model code:
+
+1. the toy tokenizer, unlabeled training queries, and held-out rows in HealthBench's schema:
+   seven-digit queries, each with its expert rubric (from the checker) and eight responses of
+   distinct expert scores;
+2. warm starts by supervised fine-tuning: the **verifier** of the DynamicRubric world (checker
+   labels of (query, answer, criterion), malformed criteria labelled "no"), frozen; the
+   **answerer** (the policy) to follow the rubric it is shown (`signed_rubrics.follow`),
+   frozen too, as the paper self-evolves the generator against a fixed answering and judging
+   setup; the **generator** on signed rubrics written from the query alone, each item sound
+   with probability 1/2 and random otherwise;
+3. two GenRubric runs of `jaxrubric.train.train` from that cold start: **evolving** (the
+   method) and **control** (the same updates with each query's rewards shuffled among its
+   groups, `round.shuffle_generator_credit`: what sharpening the sampled distribution does on
+   its own). Every `eval_every` rounds the training loop writes R rubrics (and a greedy one)
+   per held-out query and the verifier judges the eight responses under them and under the
+   expert rubric (`eval/agreement/*`, `eval_scores.jsonl`);
+4. `summary.json`: per evaluated round, Spearman, Kendall tau-b, Top-1 and pairwise accuracy
+   of each run, and of the evolving run with the checker as the judge (the generator's
+   learning without the verifier's errors), the rise from the cold start with a bootstrap
+   interval over queries; `agreement.png` and a printed table.
+
+Why the rewards teach agreement here. An answerer that follows its rubric gets right every
+digit a sound item names, wrong every digit an unsound item names, and guesses the rest. So a
+rubric with more sound items on more of the query's digits induces an answer that the query's
+other rubrics (sound on average, since a random item is as often right as wrong) score higher:
+cross-rubric comprehensiveness rewards exactly what the expert rubric states.
+
+Every step writes into `workdir` and is skipped when its output is already there: a rerun
+resumes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+import jaxrubric
+from jaxrubric import sft
+from jaxrubric import sharding as shd
+from jaxrubric.config import base_config, check_config
+from jaxrubric.eval.metrics import AGREEMENT_METRICS, agreement_metrics
+from jaxrubric.rubric import templates as tpl
+from jaxrubric.toy import digits_task as task
+from jaxrubric.toy import signed_rubrics as sr
+from jaxrubric.toy import world
+from jaxrubric.train import EVAL_SCORES
+
+RUNS = ("evolving", "control")
+# summary.json's names of `metrics.AGREEMENT_METRICS`.
+METRICS = dict(zip(AGREEMENT_METRICS, ("spearman", "kendall_tau_b", "top1", "pairwise")))
+
+
+@dataclasses.dataclass(frozen=True)
+class GenRubricWorldConfig:
+    """Sizes and budgets of the GenRubric toy world."""
+
+    seed: int = 0
+    rounds: int = 60  # GenRubric rounds of each run
+    eval_every: int = 20
+    batch_size: int = 8  # queries per round
+    num_rubrics: int = 6  # G: groups per query, each inducing one answer
+    max_items: int = 4
+    max_item_tokens: int = 7
+    eval_queries: int = 128  # held-out rows, 8 responses each
+    eval_rubric_runs: int = 4  # R sampled rubrics per held-out query (plus a greedy one)
+    teacher_informed: float = 0.5  # generator cold start: share of sound items
+    verifier_steps: int = 300
+    verifier_malformed: float = 0.25  # share of malformed criteria in the verifier's data
+    answerer_steps: int = 800
+    answerer_lr: float = 2e-3
+    generator_steps: int = 300
+    sft_batch: int = 64
+    sft_lr: float = 1e-3
+    generator_lr: float = 5e-4
+    generator_beta: float = 0.0  # KL of the generator to its cold start (RoundConfig)
+    discrimination_spread: str = "pairs"  # RoundConfig.discrimination_spread
+    # GenRubric's reward coefficients (RoundConfig.*_coef): comprehensiveness, group
+    # discrimination, item discriminative, item non-redundant.
+    coefficients: tuple[float, float, float, float] = (1.0, 1.0, 0.5, 0.5)
+    hidden_size: int = 64
+    num_layers: int = 2
+    # Following a rubric is a lookup (which item names this digit, with which sign): a wider
+    # answerer learns it in fewer steps than a deeper one.
+    answerer_hidden_size: int = 128
+    answerer_layers: int = 2
+    runs: tuple[str, ...] = RUNS
+    bootstrap: int = 2000  # resamples of the queries for the intervals
+
+    def __post_init__(self) -> None:
+        unknown = set(self.runs) - set(RUNS)
+        if unknown:
+            raise ValueError(f"unknown GenRubric toy runs {sorted(unknown)}; choose from {RUNS}")
+
+    def verifier_world(self) -> world.ToyWorldConfig:
+        """The DynamicRubric world's settings its verifier warm start reads."""
+        return world.ToyWorldConfig(seed=self.seed, max_item_tokens=self.max_item_tokens,
+                                    verifier_steps=self.verifier_steps,
+                                    verifier_malformed=self.verifier_malformed,
+                                    sft_batch=self.sft_batch, sft_lr=self.sft_lr)
+
+
+# --------------------------------------------------------------------------------- data
+def write_data(workdir: Path, cfg: GenRubricWorldConfig) -> dict[str, Path]:
+    """Training queries (the anchor schema the loader reads; GenRubric reads the query only)
+    and the held-out expert rows (HealthBench schema), as JSONL from the seed."""
+    paths = {"train": workdir / "data" / "train.jsonl", "eval": workdir / "data" / "eval.jsonl"}
+    rows = {"train": lambda: task.anchor_rows(2000, cfg.seed, 2),
+            "eval": lambda: sr.expert_rows(cfg.eval_queries, cfg.seed + 10_000)}
+    for name, path in paths.items():
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("".join(json.dumps(r) + "\n" for r in rows[name]()))
+    return paths
+
+
+def shown_rubric(question: str, rng: random.Random, max_items: int) -> list[sr.Item]:
+    """A rubric the answerer is shown in its warm start: anything from fully sound to fully
+    random, now and then with an item outside the language (which names no digit)."""
+    items = sr.teacher_rubric(question, rng, max_items, informed=rng.random())
+    if rng.random() < 0.2:
+        items[rng.randrange(len(items))] = (task.malformed_criterion(question, rng),
+                                            rng.choice(sr.WEIGHTS))
+    return items
+
+
+def answerer_examples(tokenizer: Any, rng: random.Random, n: int, cfg: GenRubricWorldConfig
+                      ) -> tuple[list, list]:
+    """(induced-response prompt, the answer the shown rubric asks for) pairs."""
+    template = tpl.induced_response_template(tokenizer, style="compact")
+    prompts, targets = [], []
+    for _ in range(n):
+        question, _ = task.make_prompt(rng)
+        rubric = shown_rubric(question, rng, cfg.max_items)
+        prompts.append(world.template_ids(template, tokenizer, sr.rubric_text(rubric), question))
+        targets.append(world.text_ids(tokenizer, sr.follow(question, rubric, rng))
+                       + [tokenizer.eos_token_id])
+    return prompts, targets
+
+
+def generator_examples(tokenizer: Any, rng: random.Random, n: int, cfg: GenRubricWorldConfig
+                       ) -> tuple[list, list]:
+    """(query-only generator prompt, a partly sound signed teacher rubric) pairs."""
+    template = tpl.genrubric_generator_template(tokenizer, max_items=cfg.max_items,
+                                                style="compact")
+    prompts, targets = [], []
+    for _ in range(n):
+        question, _ = task.make_prompt(rng)
+        rubric = sr.teacher_rubric(question, rng, cfg.max_items, cfg.teacher_informed)
+        prompts.append(world.template_ids(template, tokenizer, question))
+        targets.append(world.text_ids(tokenizer, sr.rubric_text(rubric)) + [tokenizer.eos_token_id])
+    return prompts, targets
+
+
+def warm_start(role: str, workdir: Path, tokenizer: Any, mesh, cfg: GenRubricWorldConfig
+               ) -> Path:
+    """The answerer ("policy") or the cold-start generator ("generator_cold") by SFT, saved as
+    an HF checkpoint (skipped when saved before); the verifier is the DynamicRubric world's."""
+    if role == "verifier":
+        return world.warm_start(role, workdir, tokenizer, mesh, cfg.verifier_world())
+    out = workdir / "models" / role
+    if (out / "config.json").exists():
+        return out
+    rng = random.Random(f"{cfg.seed}-genrubric-{role}")
+    if role == "policy":
+        model = world.new_model(tokenizer, mesh, cfg.seed + 1, cfg.answerer_hidden_size,
+                                cfg.answerer_layers)
+        make = lambda r, n: answerer_examples(tokenizer, r, n, cfg)  # noqa: E731
+        steps, lr = cfg.answerer_steps, cfg.answerer_lr
+    else:
+        model = world.new_model(tokenizer, mesh, cfg.seed + 2, cfg.hidden_size, cfg.num_layers)
+        make = lambda r, n: generator_examples(tokenizer, r, n, cfg)  # noqa: E731
+        steps, lr = cfg.generator_steps, cfg.sft_lr
+    print(f"warm start: {role} ({steps} supervised steps)", flush=True)
+    # Rubrics vary in length: rows padded to a multiple of 32 tokens compile a few shapes only.
+    _, history = sft.train_sft(model, world.sft_optimizer(lr, steps),
+                               world.sft_batches(tokenizer, make, rng, cfg.sft_batch, multiple=32),
+                               steps=steps, log_every=max(1, steps // 10))
+    jaxrubric.save_pretrained(model, out)
+    (out / "sft_history.json").write_text(json.dumps(history, indent=1))
+    return out
+
+
+def rubric_following(workdir: Path, cfg: GenRubricWorldConfig, n: int = 256, seed: int = 99
+                     ) -> dict[str, float]:
+    """How well the saved answerer follows fresh rubrics (checked before any RL): the share of
+    digits a rubric names that its sampled answer keeps or drops as told, the share of the
+    others it keeps (a fair coin: 0.5), and the share of answers that are the prompt's digits
+    in order."""
+    from jaxrubric.sampling import generate
+
+    tokenizer = jaxrubric.load_tokenizer(workdir / "tokenizer")
+    rng = random.Random(seed)
+    template = tpl.induced_response_template(tokenizer, style="compact")
+    cases = []
+    for _ in range(n):
+        question, _ = task.make_prompt(rng)
+        rubric = shown_rubric(question, rng, cfg.max_items)
+        cases.append((question, rubric, world.template_ids(template, tokenizer,
+                                                           sr.rubric_text(rubric), question)))
+    out = generate(jaxrubric.load_pretrained(workdir / "models" / "policy"),
+                   [c[2] for c in cases], max_new_tokens=8, rng=jax.random.key(seed),
+                   pad_id=tokenizer.pad_token_id)
+    told, unnamed, in_order = [], [], []
+    for (question, rubric, _), ids, length in zip(cases, np.asarray(out.tokens)[:, 0],
+                                                  np.asarray(out.lengths)[:, 0]):
+        answer = tokenizer.decode(ids[:length], skip_special_tokens=True)
+        digits = task.digits_of(question)
+        in_order.append(answer == "".join(d for d in digits if d in answer))
+        for digit in digits:
+            votes = sr.keep_votes(rubric, digit)
+            if votes:
+                told.append((digit in answer) == (votes > 0))
+            else:
+                unnamed.append(digit in answer)
+    return {"follows_named_digits": float(np.mean(told)),
+            "keeps_unnamed_digits": float(np.mean(unnamed)),
+            "in_order": float(np.mean(in_order))}
+
+
+# ---------------------------------------------------------------------------- the runs
+def run_config(name: str, workdir: Path, paths: dict[str, Path], cfg: GenRubricWorldConfig
+               ) -> ml_collections.ConfigDict:
+    """The training config of one run of `RUNS`."""
+    c = base_config()
+    c.method = "genrubric"
+    c.seed = cfg.seed
+    c.tokenizer = str(workdir / "tokenizer")
+    c.policy.path = str(workdir / "models" / "policy")
+    c.generator.path = str(workdir / "models" / "generator_cold")
+    c.verifier.path = str(workdir / "models" / "verifier")
+    c.data.train = str(paths["train"])
+    c.data.eval = str(paths["eval"])
+    c.data.batch_size = cfg.batch_size
+    c.data.eval_batch_size = cfg.eval_queries
+    c.data.eval_rubric_runs = cfg.eval_rubric_runs
+    c.data.prompt_tokens = 12
+    c.data.anchor_tokens = 8  # the held-out responses' budget
+    c.rubric.max_items = cfg.max_items
+    c.rubric.max_item_tokens = cfg.max_item_tokens
+    c.rubric.template_style = "compact"
+    c.round.num_rubrics = cfg.num_rubrics
+    c.round.response_tokens = 8
+    c.round.logprob_chunk = 16
+    c.round.freeze_policy = True  # the answerer stays the one the rubrics were checked with
+    c.round.generator_beta = cfg.generator_beta
+    c.round.shuffle_generator_credit = name == "control"
+    c.round.discrimination_spread = cfg.discrimination_spread
+    for key, value in zip(("comprehensiveness_coef", "discrimination_coef",
+                            "discriminative_coef", "nonredundant_coef"), cfg.coefficients):
+        c.round[key] = value
+    c.optim.generator_lr = cfg.generator_lr
+    c.rounds = cfg.rounds
+    c.eval_every = cfg.eval_every
+    c.checkpoint_every = cfg.eval_every
+    c.keep_checkpoints = 1
+    c.log_every = 1
+    check_config(c)
+    return c
+
+
+def _train_run(name: str, workdir: Path, paths: dict[str, Path], cfg: GenRubricWorldConfig
+               ) -> Path:
+    from jaxrubric.train import train
+
+    run_dir = workdir / "runs" / name
+    print(f"run: {name}", flush=True)
+    summary = train(run_config(name, workdir, paths, cfg), run_dir)
+    if summary["preempted"]:
+        raise SystemExit(f"stopped by SIGTERM in the {name} run; rerun to resume")
+    return run_dir
+
+
+# ---------------------------------------------------------------------------------- result
+def read_scores(run_dir: Path) -> dict[int, list[dict[str, Any]]]:
+    """A run's `eval_scores.jsonl` rows by round, one per held-out query (after a resume the
+    later row of a round and query wins)."""
+    rows: dict[int, dict[str, dict]] = defaultdict(dict)
+    for line in (run_dir / EVAL_SCORES).read_text().splitlines():
+        row = json.loads(line)
+        rows[row["round"]][row["id"]] = row
+    return {r: sorted(by_id.values(), key=lambda row: row["row"]) for r, by_id in sorted(rows.items())}
+
+
+def per_query_agreement(rows: list[dict[str, Any]], runs: int, responses: dict[str, list[str]]
+                        | None = None, prompts: dict[str, str] | None = None
+                        ) -> dict[str, list[float | None]]:
+    """Per held-out query, each metric averaged over its valid sampled rubrics (None where none
+    is defined), as the paper computes it: from the verifier's scores, or, given `responses`
+    and `prompts` by row id, with the checker judging the written rubrics and the expert one."""
+    out: dict[str, list[float | None]] = {m: [] for m in AGREEMENT_METRICS}
+    for row in rows:
+        if responses is None:
+            scores = np.asarray(row["scores"], np.float64)
+            expert = scores[:, -1]
+            vectors = [scores[:, g] for g in range(runs) if row["valid"][g]]
+        else:
+            answers, prompt = responses[row["id"]], prompts[row["id"]]
+            expert = np.array([sr.score(sr.expert_rubric(prompt), a) for a in answers])
+            vectors = []
+            for g in range(runs):
+                rubric = [(c, w) for w, c in row["rubrics"][g]]
+                if row["valid"][g]:
+                    vectors.append(np.array([sr.score(rubric, a) for a in answers]))
+        values = [agreement_metrics(v, expert) for v in vectors]
+        for m in AGREEMENT_METRICS:
+            defined = [v[m] for v in values if v[m] is not None]
+            out[m].append(float(np.mean(defined)) if defined else None)
+    return out
+
+
+def _mean(values: list[float | None]) -> float:
+    return float(np.mean([v for v in values if v is not None]))
+
+
+def paired_interval(after: list[float | None], before: list[float | None], seed: int,
+                    resamples: int) -> dict[str, float]:
+    """Mean of ``after - before`` over the queries where both are defined, with its 95%
+    percentile bootstrap interval over queries."""
+    d = np.array([a - b for a, b in zip(after, before) if a is not None and b is not None])
+    rng = np.random.default_rng(seed)
+    means = rng.choice(d, size=(resamples, len(d))).mean(axis=1)
+    low, high = np.percentile(means, [2.5, 97.5])
+    return {"mean": float(d.mean()), "low": float(low), "high": float(high),
+            "queries": int(len(d))}
+
+
+def summarize(workdir: Path, cfg: GenRubricWorldConfig) -> dict[str, Any]:
+    """Writes `summary.json` and `agreement.png`, prints the table, returns the summary."""
+    held_out = [json.loads(line) for line in (workdir / "data" / "eval.jsonl").read_text()
+                .splitlines()]
+    responses = {r["prompt_id"]: [r["ideal_completions_data"]["ideal_completion"],
+                                  *r["ideal_completions_data"]["ideal_completions_ref_completions"]]
+                 for r in held_out}
+    prompts = {r["prompt_id"]: r["prompt"][0]["content"] for r in held_out}
+    per_query: dict[str, dict[int, dict[str, list]]] = {}
+    for name in cfg.runs:
+        scores = read_scores(workdir / "runs" / name)
+        per_query[name] = {r: per_query_agreement(rows, cfg.eval_rubric_runs)
+                           for r, rows in scores.items()}
+        if name == "evolving":
+            per_query["checker_judged"] = {
+                r: per_query_agreement(rows, cfg.eval_rubric_runs, responses, prompts)
+                for r, rows in scores.items()}
+    rounds = sorted(next(iter(per_query.values())))
+    summary: dict[str, Any] = {"rounds": rounds}
+    for name, by_round in per_query.items():
+        summary[name] = {METRICS[m]: [_mean(by_round[r][m]) for r in rounds]
+                         for m in AGREEMENT_METRICS}
+    first, last = rounds[0], rounds[-1]
+    intervals = {}
+    for name, by_round in per_query.items():
+        intervals[f"{name}_rise"] = {
+            METRICS[m]: paired_interval(by_round[last][m], by_round[first][m], cfg.seed,
+                                        cfg.bootstrap) for m in AGREEMENT_METRICS}
+    if "control" in per_query and "evolving" in per_query:
+        intervals["evolving_minus_control"] = {
+            METRICS[m]: paired_interval(per_query["evolving"][last][m],
+                                        per_query["control"][last][m], cfg.seed, cfg.bootstrap)
+            for m in AGREEMENT_METRICS}
+    summary["intervals"] = intervals
+    summary["rubric_following"] = json.loads((workdir / "rubric_following.json").read_text())
+    summary["config"] = dataclasses.asdict(cfg)
+    (workdir / "summary.json").write_text(json.dumps(summary, indent=1))
+    plot(summary, workdir / "agreement.png")
+    print(table(summary))
+    return summary
+
+
+def table(summary: dict[str, Any]) -> str:
+    """The Spearman and pairwise curves of every run, and the rises with their intervals."""
+    names = [n for n in (*RUNS, "checker_judged") if n in summary]
+    lines = ["held-out agreement with the expert rubric (Spearman / pairwise accuracy)",
+             "round  " + "  ".join(f"{n:>15}" for n in names)]
+    for i, round_ in enumerate(summary["rounds"]):
+        lines.append(f"{round_:5d}  " + "  ".join(
+            f"{summary[n]['spearman'][i]:7.3f} /{summary[n]['pairwise'][i]:6.3f}" for n in names))
+    for key, by_metric in summary["intervals"].items():
+        s = by_metric["spearman"]
+        lines.append(f"{key}: Spearman {s['mean']:+.3f} [{s['low']:+.3f}, {s['high']:+.3f}] "
+                     f"over {s['queries']} queries")
+    return "\n".join(lines)
+
+
+def plot(summary: dict[str, Any], path: Path) -> None:
+    """Spearman and pairwise accuracy per evaluated round, one line per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = {"evolving": "self-evolving generator", "control": "shuffled rewards (control)",
+              "checker_judged": "self-evolving, judged by the checker"}
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), dpi=110)
+    for ax, metric in zip(axes, ("spearman", "pairwise")):
+        for name, label in labels.items():
+            if name in summary:
+                ax.plot(summary["rounds"], summary[name][metric], marker="o", ms=3, label=label)
+        ax.set(xlabel="GenRubric round", ylabel=metric,
+               title=f"Agreement with the expert rubric: {metric}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def run_genrubric_world(workdir: str | Path, cfg: GenRubricWorldConfig = GenRubricWorldConfig()
+                        ) -> dict[str, Any]:
+    """The whole GenRubric world (see the module docstring); returns the summary."""
+    workdir, tokenizer = world.prepare_workdir(workdir, cfg)
+    paths = write_data(workdir, cfg)
+    mesh = shd.make_mesh({"fsdp": -1})
+    timings = world.StageTimer(workdir / "timings.json")
+    for role in ("verifier", "policy", "generator_cold"):
+        with timings.stage(f"warm start: {role}"):
+            warm_start(role, workdir, tokenizer, mesh, cfg)
+    following = workdir / "rubric_following.json"
+    if not following.exists():
+        following.write_text(json.dumps(rubric_following(workdir, cfg), indent=1))
+    print(f"rubric following of the answerer: {following.read_text()}", flush=True)
+    for name in cfg.runs:
+        with timings.stage(f"run: {name}"):
+            _train_run(name, workdir, paths, cfg)
+    return summarize(workdir, cfg)

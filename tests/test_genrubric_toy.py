@@ -1,0 +1,206 @@
+"""The GenRubric toy world's pieces: expert rubrics, rubric following, held-out rows, and the
+agreement it reads back from a run's written rubrics."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+from jaxrubric.data.loaders import load_healthbench
+from jaxrubric.eval.metrics import agreement_metrics
+from jaxrubric.toy import digits_task as task
+from jaxrubric.toy import genrubric_world as gw
+from jaxrubric.toy import signed_rubrics as sr
+
+
+def test_the_expert_rubric_scores_answers_as_their_kept_digits_say():
+    prompt = "big 3817295"  # big 8 7 9 5, small 3 1 2
+    rubric = sr.expert_rubric(prompt)
+    assert rubric == [("has 3", -3), ("has 8", 3), ("has 1", -3), ("has 7", 3), ("has 2", -3),
+                      ("has 9", 3), ("has 5", 3)]
+    assert sr.score(rubric, "8795") == 1.0
+    assert sr.score(rubric, "795") == pytest.approx(3 / 4)
+    assert sr.score(rubric, "38795") == pytest.approx(3 / 4)
+    assert sr.score(rubric, "312") == pytest.approx(-3 / 4)
+    assert sr.score([("has 3", -2)], "3") is None  # no positive weight: no scale
+    # An "omits" item with the opposite sign ranks answers as the "has" item does.
+    answers = ["8795", "795", "38795", "312", "3817295"]
+    has = [sr.score([("has 8", 3), ("has 3", -2)], a) for a in answers]
+    omits = [sr.score([("has 8", 3), ("omits 3", 2)], a) for a in answers]
+    assert agreement_metrics(has, omits)["spearman"] == pytest.approx(1.0)
+
+
+def test_following_a_rubric_keeps_and_drops_what_its_items_say_and_guesses_the_rest():
+    prompt = "big 3817295"
+    rubric = [("has 8", 2), ("has 3", -1), ("omits 1", 3), ("omits 7", -4), ("hs 9", 5)]
+    assert [sr.keep_votes(rubric, d) for d in "3817295"] == [-1, 2, -3, 4, 0, 0, 0]
+    answers = [sr.follow(prompt, rubric, random.Random(seed)) for seed in range(400)]
+    for answer in answers:
+        assert answer == "".join(d for d in task.digits_of(prompt) if d in answer)  # in order
+        assert "8" in answer and "7" in answer and "3" not in answer and "1" not in answer
+    for digit in "295":  # named by no item in the language ("hs 9" is not one)
+        assert 0.4 < np.mean([digit in a for a in answers]) < 0.6
+    # Conflicting items: the heavier side wins; a tie is a coin.
+    assert sr.keep_votes([("has 8", 2), ("omits 8", 2)], "8") == 0
+    assert sr.keep_votes([("has 8", 2), ("omits 8", 3)], "8") == -1
+
+
+def test_sound_items_agree_with_the_expert_and_teacher_rubrics_are_partly_sound():
+    rng = random.Random(0)
+    for _ in range(300):
+        prompt, _ = task.make_prompt(rng)
+        item = sr.sound_item(prompt, rng)
+        assert sr.item_soundness(prompt, item) is True
+        target, copy = task.target_of(prompt), task.digits_of(prompt)
+        rubric = sr.expert_rubric(prompt)
+        assert sr.score(rubric, target) == 1.0 and sr.score(rubric, copy) < 1.0
+    soundness = []
+    for _ in range(2000):
+        prompt, _ = task.make_prompt(rng)
+        rubric = sr.teacher_rubric(prompt, rng, max_items=4, informed=0.5)
+        assert 1 <= len(rubric) <= 4 and any(w > 0 for _, w in rubric)
+        assert len({c for c, _ in rubric}) == len(rubric)
+        assert all(task.in_language(c) and 1 <= abs(w) <= 5 for c, w in rubric)
+        soundness += [s for s in (sr.item_soundness(prompt, i) for i in rubric) if s is not None]
+    # Half sound by construction, half random (of which half sound by chance): 3/4.
+    assert 0.70 < np.mean(soundness) < 0.80
+    text = sr.rubric_text([("has 8", 3), ("omits 2", -1)])
+    assert text == "[3] has 8\n[-1] omits 2\n"
+
+
+def test_held_out_rows_have_eight_responses_of_distinct_expert_scores(tmp_path):
+    rows = sr.expert_rows(40, seed=5)
+    path = tmp_path / "eval.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    loaded = load_healthbench(path)
+    assert not loaded.problems and len(loaded.records) == 40
+    for record in loaded.records:
+        prompt = record.messages[0]["content"]
+        assert len(task.digits_of(prompt)) == sr.HELD_OUT_DIGITS
+        assert record.responses[0] == task.target_of(prompt)
+        assert task.digits_of(prompt) in record.responses  # the prompt copied
+        assert all(record.responses)  # no empty completion
+        expert = [(item.criterion, item.weight) for item in record.rubric]
+        assert expert == sr.expert_rubric(prompt)
+        scores = [sr.score(expert, r) for r in record.responses]
+        assert len(record.responses) == 8 and len(set(scores)) == 8
+        assert scores[0] == max(scores)
+
+
+def test_per_query_agreement_reads_the_verifier_scores_and_rejudges_with_the_checker():
+    prompt = "big 3817295"
+    answers = sr.held_out_responses(prompt, random.Random(1))
+    expert = [sr.score(sr.expert_rubric(prompt), a) for a in answers]
+    sound = [[3, "has 8"], [-2, "has 3"], [2, "omits 1"]]
+    unsound = [[3, "has 3"], [1, "has 8"]]
+    judged = lambda rubric: [sr.score([(c, w) for w, c in rubric], a) for a in answers]  # noqa: E731
+    row = {"id": "q", "row": 0, "valid": [True, True, False, True, True],
+           "scores": [[s, u, 0.0, s, e] for s, u, e in zip(judged(sound), judged(unsound),
+                                                           expert)],
+           "rubrics": [sound, unsound, [], sound]}
+    by_verifier = gw.per_query_agreement([row], runs=3)
+    by_checker = gw.per_query_agreement([row], runs=3, responses={"q": answers},
+                                        prompts={"q": prompt})
+    # The verifier here is the checker: both readings agree, over the two valid sampled runs.
+    want = np.mean([agreement_metrics(judged(r), expert)["spearman"] for r in (sound, unsound)])
+    assert by_verifier["spearman"] == pytest.approx([want])
+    assert by_checker["spearman"] == pytest.approx([want])
+    interval = gw.paired_interval([0.5, 0.7, 0.6, None], [0.1, 0.2, 0.3, 0.0], seed=0,
+                                  resamples=500)
+    assert interval["queries"] == 3 and interval["mean"] == pytest.approx(0.4)
+    assert interval["low"] <= 0.4 <= interval["high"]
+
+
+@pytest.mark.parametrize("tokenizer_name", ["toy", "tiny_bpe"])
+def test_an_expert_criterion_is_encoded_as_the_parser_reads_a_generated_item(
+        tokenizer_name, tmp_path):
+    """The verifier reads expert criteria as it reads generated items: the same tokens, with
+    or without a space token of its own (the toy tokenizer) or merged (a BPE's ``Ġhas``)."""
+    import jax
+
+    import jaxrubric
+    from jaxrubric.eval import common
+    from jaxrubric.rubric import grammar as grammar_lib
+
+    if tokenizer_name == "toy":
+        tok = jaxrubric.load_tokenizer(task.build_tokenizer(tmp_path / "tok"))
+        criteria = ["has 3", "omits 7"]
+    else:
+        from helpers import tiny_tokenizer
+
+        tok = tiny_tokenizer()
+        criteria = ["Mentions the dose", "Recommends aspirin"]
+    grammar = grammar_lib.build_rubric_grammar(tok, weights=(-3, 3), max_items=2,
+                                               max_item_tokens=8)
+    line = "".join(f"[3] {c}\n" for c in criteria)
+    ids = tok.encode(line, add_special_tokens=False) + [tok.eos_token_id]
+    parsed = grammar_lib.parse_rubric_tokens(np.asarray([ids + [tok.pad_token_id] * 4]),
+                                             jax.device_put(grammar), tok.pad_token_id)
+    for m, criterion in enumerate(criteria):
+        want = np.asarray(parsed.items)[0, m, :int(parsed.item_lengths[0, m])].tolist()
+        assert common.item(tok, criterion, 3, 8).ids == want, criterion
+
+
+def test_method_picks_a_toy_world_and_is_refused_with_a_config(tmp_path):
+    from helpers import ROOT
+
+    from jaxrubric.cli import main
+
+    with pytest.raises(SystemExit, match="--method picks a toy world"):
+        main(["train", "--method", "genrubric", "--config",
+              str(ROOT / "configs" / "tiny_genrubric.py"), "--workdir", str(tmp_path)])
+    with pytest.raises(ValueError, match="unknown GenRubric toy runs"):
+        gw.GenRubricWorldConfig(runs=("evolving", "frozen"))
+
+
+# A few supervised steps and rounds: the plumbing, not the learning.
+TINY = gw.GenRubricWorldConfig(rounds=2, eval_every=1, batch_size=4, num_rubrics=3,
+                               eval_queries=8, eval_rubric_runs=2, verifier_steps=30,
+                               answerer_steps=30, generator_steps=30, bootstrap=200)
+
+
+@pytest.mark.slow
+def test_the_world_runs_end_to_end_and_its_summary_recomputes_the_logged_agreement(tmp_path):
+    import dataclasses
+    import os
+    import subprocess
+    import sys
+
+    from jaxrubric.train_loop import read_eval_history
+
+    workdir = tmp_path / "genrubric"
+    over = {k: v for k, v in dataclasses.asdict(TINY).items()
+            if v != getattr(gw.GenRubricWorldConfig(), k)}
+    script = ("import json, sys\nfrom jaxrubric.toy import genrubric_world as gw\n"
+              "gw.run_genrubric_world(sys.argv[1], gw.GenRubricWorldConfig(**json.loads("
+              "sys.argv[2])))\n")
+    env = dict(os.environ)  # one CPU device, as `jaxrubric train` runs
+    env["XLA_FLAGS"] = env.get("XLA_FLAGS", "").replace(
+        "--xla_force_host_platform_device_count=8", "").strip()
+    subprocess.run([sys.executable, "-c", script, str(workdir), json.dumps(over)], env=env,
+                   check=True, timeout=900)
+    summary = json.loads((workdir / "summary.json").read_text())
+    assert summary["rounds"] == [0, 1, 2]
+    for name in ("evolving", "control", "checker_judged"):
+        assert set(summary[name]) == {"spearman", "kendall_tau_b", "top1", "pairwise"}
+        assert all(len(v) == 3 for v in summary[name].values())
+    # Both runs start from the same cold start and evaluate with the same key.
+    assert summary["evolving"]["pairwise"][0] == summary["control"]["pairwise"][0]
+    assert {"evolving_rise", "control_rise", "checker_judged_rise",
+            "evolving_minus_control"} <= set(summary["intervals"])
+    assert set(summary["rubric_following"]) == {"follows_named_digits", "keeps_unnamed_digits",
+                                                "in_order"}
+    # The summary's verifier-judged agreement is the one the training loop logged.
+    for name in gw.RUNS:
+        logged = read_eval_history(workdir / "runs" / name)
+        for metric, key in gw.METRICS.items():
+            for entry, value in zip(logged, summary[name][key]):
+                if f"eval/agreement/{metric}" in entry:
+                    assert value == pytest.approx(entry[f"eval/agreement/{metric}"], abs=1e-9)
+    assert (workdir / "agreement.png").stat().st_size > 1000
+    assert set(json.loads((workdir / "timings.json").read_text())) == {
+        "warm start: verifier", "warm start: policy", "warm start: generator_cold",
+        "run: evolving", "run: control"}
