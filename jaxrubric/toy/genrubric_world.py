@@ -90,6 +90,7 @@ class GenRubricWorldConfig:
     # GenRubric's reward coefficients (RoundConfig.*_coef): comprehensiveness, group
     # discrimination, item discriminative, item non-redundant.
     coefficients: tuple[float, float, float, float] = (1.0, 1.0, 0.5, 0.5)
+    round_overrides: tuple[tuple[str, Any], ...] = ()  # other RoundConfig keys, for studies
     hidden_size: int = 64
     num_layers: int = 2
     # Following a rubric is a lookup (which item names this digit, with which sign): a wider
@@ -261,6 +262,8 @@ def run_config(name: str, workdir: Path, paths: dict[str, Path], cfg: GenRubricW
     for key, value in zip(("comprehensiveness_coef", "discrimination_coef",
                             "discriminative_coef", "nonredundant_coef"), cfg.coefficients):
         c.round[key] = value
+    for key, value in cfg.round_overrides:
+        c.round[key] = value
     c.optim.generator_lr = cfg.generator_lr
     c.rounds = cfg.rounds
     c.eval_every = cfg.eval_every
@@ -321,8 +324,9 @@ def per_query_agreement(rows: list[dict[str, Any]], runs: int, responses: dict[s
     return out
 
 
-def _mean(values: list[float | None]) -> float:
-    return float(np.mean([v for v in values if v is not None]))
+def _mean(values: list[float | None]) -> float | None:
+    defined = [v for v in values if v is not None]
+    return float(np.mean(defined)) if defined else None
 
 
 def paired_interval(after: list[float | None], before: list[float | None], seed: int,
@@ -330,6 +334,8 @@ def paired_interval(after: list[float | None], before: list[float | None], seed:
     """Mean of ``after - before`` over the queries where both are defined, with its 95%
     percentile bootstrap interval over queries."""
     d = np.array([a - b for a, b in zip(after, before) if a is not None and b is not None])
+    if not len(d):  # no query with both values (every rubric invalid or constant)
+        return {"mean": None, "low": None, "high": None, "queries": 0}
     rng = np.random.default_rng(seed)
     means = rng.choice(d, size=(resamples, len(d))).mean(axis=1)
     low, high = np.percentile(means, [2.5, 97.5])
@@ -386,12 +392,19 @@ def table(summary: dict[str, Any]) -> str:
              "round  " + "  ".join(f"{n:>15}" for n in names)]
     for i, round_ in enumerate(summary["rounds"]):
         lines.append(f"{round_:5d}  " + "  ".join(
-            f"{summary[n]['spearman'][i]:7.3f} /{summary[n]['pairwise'][i]:6.3f}" for n in names))
+            f"{_show(summary[n]['spearman'][i], '7.3f')} /"
+            f"{_show(summary[n]['pairwise'][i], '6.3f')}" for n in names))
     for key, by_metric in summary["intervals"].items():
         s = by_metric["spearman"]
-        lines.append(f"{key}: Spearman {s['mean']:+.3f} [{s['low']:+.3f}, {s['high']:+.3f}] "
-                     f"over {s['queries']} queries")
+        lines.append(f"{key}: Spearman {_show(s['mean'], '+.3f')} [{_show(s['low'], '+.3f')}, "
+                     f"{_show(s['high'], '+.3f')}] over {s['queries']} queries")
     return "\n".join(lines)
+
+
+def _show(value: float | None, spec: str) -> str:
+    """A table cell: the value, or "-" where it is undefined (no valid rubric)."""
+    width = int(spec.lstrip("+").split(".")[0] or 0)
+    return format(value, spec) if value is not None else "-".rjust(width)
 
 
 def plot(summary: dict[str, Any], path: Path) -> None:
@@ -407,7 +420,8 @@ def plot(summary: dict[str, Any], path: Path) -> None:
     for ax, metric in zip(axes, ("spearman", "pairwise")):
         for name, label in labels.items():
             if name in summary:
-                ax.plot(summary["rounds"], summary[name][metric], marker="o", ms=3, label=label)
+                values = [np.nan if v is None else v for v in summary[name][metric]]
+                ax.plot(summary["rounds"], values, marker="o", ms=3, label=label)
         ax.set(xlabel="GenRubric round", ylabel=metric,
                title=f"Agreement with the expert rubric: {metric}")
         ax.grid(alpha=0.3)
