@@ -154,6 +154,33 @@ def test_recipes_fit_v5p_8_and_8xh100(name, mesh, memory):
     assert p["peak_phase"].endswith("update")
 
 
+@pytest.mark.parametrize("chunk", [0, 16])
+def test_shared_update_layer_is_the_verifiers_shared_prefix_layer(chunk):
+    """A shared update (a prompt under its samples as branches) counts one layer as the
+    verifier's pass over a prefix and its branches does (`Local.shared_working_set`: the
+    larger of the prompt's attention over itself and the branches', `Local.branch_attention`),
+    not as a dense square over the prompt and every sample."""
+    from types import SimpleNamespace
+
+    from jaxrubric.plan.phases import Local, update_phase, verifier_phase
+
+    loc = Local(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=32, mlp=128, vocab=1500,
+                c=4, gathered_layer=1000, chunk=chunk)
+    role = SimpleNamespace(config=SimpleNamespace(remat="full", param_dtype="float32"),
+                           bytes=0)
+    prompts, prompt_len, samples, completion_len = 8, 480, 4, 34
+    update = dict(update_phase(loc, role, prompts * samples, prompt_len, completion_len, 16,
+                               ways=8, group=samples).items)
+    verifier = dict(verifier_phase(loc, prompts, prompt_len, samples, completion_len,
+                                   ways=8).items)
+    layer = verifier[f"one layer's forward over {prompt_len} + {samples} x {completion_len} "
+                     "tokens"] - loc.gathered_layer
+    assert update["backward of one layer"] == 2 * layer
+    length = prompt_len + samples * completion_len
+    assert layer == loc.shared_working_set(1, prompt_len, samples, completion_len)
+    assert layer < loc.working_set(1, length, prompt_len + completion_len)
+
+
 def test_micro_batches_and_chunks_shrink_their_phases():
     """The update's activations scale with the rows of one micro-batch (its gradient sum is a
     second gradient); a rollout's cache with its prompts; chunked attention holds one block."""

@@ -22,14 +22,15 @@ vocabulary, `c` bytes of the compute dtype, `L` layers, `Q` the model's `attenti
   prompts' cache + the larger of the prefill (`W(P, P + N)` + mask) and the copied cache
   with the decode step's logits; a micro-batched rollout also draws the whole batch's
   sampling noise each step (`4 V rows`, counted unsharded);
-- a verifier pass (`rubric/verifier.py`): per row a prefix of `P` tokens encoded once and
-  `n = G M` item branches of `W` tokens, `Lt = P + n W` tokens in all: the masks
-  `r (P^2 + n W^2)` + one layer `2 act(Lt) + max(projections(Lt, Lt) + A, MLP(Lt))`, where
-  `A` is the larger of the prefix's attention over itself (`r h P P (4 + c)`, chunked as
-  above) and the branches' (`r h n W (P + W) (4 + c)`; with `0 < Q`, a block holds
-  `max(1, Q // n)` positions of every branch, plus the branch queries and outputs cut into
-  blocks and float32 keys and values of all `Lt` tokens) + float32 logits at the `n` answer
-  positions;
+- a shared-prefix layer (`transformer._shared_prefix_layer`): a prefix of `P` tokens encoded
+  once and `n` branches of `W` tokens continuing it, `Lt = P + n W` tokens in all: the masks
+  `r (P^2 + n W^2)`, and `Ws = 2 act(Lt) + max(projections(Lt, Lt) + A, MLP(Lt))`, where `A`
+  is the larger of the prefix's attention over itself (`r h P P (4 + c)`, chunked as above)
+  and the branches' (`r h n W (P + W) (4 + c)`; with `0 < Q`, a block holds `max(1, Q // n)`
+  positions of every branch, plus the branch queries and outputs cut into blocks and float32
+  keys and values of all `Lt` tokens);
+- a verifier pass (`rubric/verifier.py`): per row a prefix and `n = G M` item branches, one
+  shared-prefix layer `Ws` + float32 logits at the `n` answer positions;
 - an update on sequences of T tokens: gradients (the role's parameter shards), and with
   micro-batches their running sum of the same size, + the layers' saved activations +
   `2 W(T, T)` for the backward pass of one layer + the log-prob chunk `3 r C V 4` (float32
@@ -38,7 +39,10 @@ vocabulary, `c` bytes of the compute dtype, `L` layers, `Q` the model's `attenti
   (each layer's input); with any other policy: `L (2 act(T) + projections + attention + MLP)`
   (every residual: an upper bound for the `dots_*` policies, which recompute the cheap
   element-wise ops), where chunked attention keeps only its blocks' copies (each block's
-  probabilities are recomputed).
+  probabilities are recomputed). A shared update (`round.share_prefix`: `r` prompts per
+  device, each a prefix under its `n` completions as branches) counts `T = Lt`, its masks,
+  `2 Ws` for the backward of one layer, the kept attention of both the prefix and the
+  branches, and the log-prob chunk for its `r n` completions.
 """
 
 from __future__ import annotations
@@ -107,17 +111,43 @@ class Local:
             return self.attention(r, t, s)
         return self.blocks(r, t, s)
 
+    def _branch_block(self, branches: int, length: int) -> int:
+        """The positions of every branch one block of `transformer.branch_attention` holds:
+        `max(1, Q // branches)`, or all `length` when its queries stay one einsum."""
+        rows = max(1, self.chunk // branches)
+        return rows if 0 < self.chunk and rows < length else length
+
+    def _branch_copies(self, r: int, prefix: int, branches: int, length: int) -> int:
+        """Chunked `branch_attention`'s copies: the branch queries and outputs cut into whole
+        blocks, float32 keys and values of the prefix and every branch."""
+        rows = self._branch_block(branches, length)
+        return self._block_copies(r, branches * rows * -(-length // rows),
+                                  prefix + branches * length)
+
     def branch_attention(self, r: int, prefix: int, branches: int, length: int) -> int:
         """`transformer.branch_attention`'s temporaries: the `length` queries of each of
         `branches` branches score the prefix's keys and their own; chunked, a block holds
         `max(1, Q // branches)` positions of every branch, with the blocks' copies."""
-        keys = prefix + length
-        rows = max(1, self.chunk // branches)
-        if not 0 < self.chunk or rows >= length:
-            return r * self.heads * branches * length * keys * (4 + self.c)
-        blocks = -(-length // rows)
-        return (r * self.heads * branches * rows * keys * (4 + self.c)
-                + self._block_copies(r, branches * rows * blocks, prefix + branches * length))
+        rows = self._branch_block(branches, length)
+        scores = r * self.heads * branches * rows * (prefix + length) * (4 + self.c)
+        return scores if rows == length else scores + self._branch_copies(
+            r, prefix, branches, length)
+
+    def branch_attention_saved(self, r: int, prefix: int, branches: int, length: int) -> int:
+        """What the backward pass keeps of `branch_attention` without remat: the
+        probabilities, or (chunked: each block's are recomputed) the blocks' copies."""
+        if self._branch_block(branches, length) == length:
+            return self.branch_attention(r, prefix, branches, length)
+        return self._branch_copies(r, prefix, branches, length)
+
+    def shared_working_set(self, r: int, prefix: int, branches: int, length: int) -> int:
+        """Ws: one shared-prefix layer's forward at its largest moment. The prefix's attention
+        and the branches' run one after the other, so it holds the larger of the two."""
+        t = prefix + branches * length
+        attention = max(self.attention(r, prefix, prefix),
+                        self.branch_attention(r, prefix, branches, length))
+        return 2 * self.act(r, t) + max(self.projections(r, t, t) + attention,
+                                        self.mlp_bytes(r, t))
 
     def projections(self, r: int, t: int, s: int) -> int:
         return r * (t * self.heads + 2 * s * self.kv_heads) * self.head_dim * self.c
@@ -130,11 +160,14 @@ class Local:
         return 2 * self.act(r, t) + max(self.projections(r, t, s) + self.attention(r, t, s),
                                         self.mlp_bytes(r, t))
 
-    def saved(self, r: int, t: int, remat: str) -> int:
-        """Activations the layers keep for the backward pass."""
+    def saved(self, r: int, t: int, remat: str, attention: int | None = None) -> int:
+        """Activations the layers keep for the backward pass; `attention`: what one layer
+        keeps of its attention without remat (default: causal attention over `t` tokens)."""
         if remat == "full":
             return self.layers * self.act(r, t)
-        every = (2 * self.act(r, t) + self.projections(r, t, t) + self.attention_saved(r, t, t)
+        if attention is None:
+            attention = self.attention_saved(r, t, t)
+        every = (2 * self.act(r, t) + self.projections(r, t, t) + attention
                  + self.mlp_bytes(r, t))
         return self.layers * every
 
@@ -142,6 +175,10 @@ class Local:
     def mask(r: int, t: int, s: int) -> int:
         """A bool per (query, key)."""
         return r * t * s
+
+    def shared_masks(self, r: int, prefix: int, branches: int, length: int) -> int:
+        """A shared-prefix layer's masks: the prefix's causal one, each branch's own."""
+        return self.mask(r, prefix, prefix) + self.mask(r * branches, length, length)
 
     def kv_cache(self, rows: int, length: int) -> int:
         return rows * length * self.layers * 2 * self.kv_heads * self.head_dim * self.c
@@ -223,22 +260,26 @@ def update_phase(loc: Local, params: RoleParams, rows: int, prompt_len: int,
     items = [(f"gradients ({params.config.param_dtype})", params.bytes)]
     if micro_batches > 1:
         items.append((f"their sum over {micro_batches} micro-batches", params.bytes))
-    if group > 1:
+    if group > 1:  # the prompt a prefix, its completions branches (`Local.shared_working_set`)
         r = rows_per_device(rows // group // micro_batches, ways)
-        length, keys = prompt_len + group * completion_len, prompt_len + completion_len
+        length = prompt_len + group * completion_len
         what = (f"{_rows_text(rows // group, micro_batches, 'prompts')} x ({prompt_len} + "
                 f"{group} x {completion_len}) tokens")
-        mask = loc.mask(r, prompt_len, prompt_len) + loc.mask(r * group, completion_len,
-                                                               completion_len)
+        kept = (loc.attention_saved(r, prompt_len, prompt_len)
+                + loc.branch_attention_saved(r, prompt_len, group, completion_len))
+        saved = (loc.saved(r, length, remat, kept)
+                 + loc.shared_masks(r, prompt_len, group, completion_len))
+        layer = loc.shared_working_set(r, prompt_len, group, completion_len)
         logit_rows = r * group
     else:
         r = rows_per_device(rows // micro_batches, ways)
-        length = keys = prompt_len + completion_len
+        length = prompt_len + completion_len
         what = f"{_rows_text(rows, micro_batches)} x {length} tokens"
-        mask, logit_rows = loc.mask(r, length, length), r
+        saved = loc.saved(r, length, remat) + loc.mask(r, length, length)
+        layer, logit_rows = loc.working_set(r, length, length), r
     return summed(items + [
-        (f"saved activations (remat {remat}): {what}", loc.saved(r, length, remat) + mask),
-        ("backward of one layer", 2 * loc.working_set(r, length, keys)),
+        (f"saved activations (remat {remat}): {what}", saved),
+        ("backward of one layer", 2 * layer),
         (f"log-prob chunk: {chunk} tokens x {loc.vocab} vocabulary",
          3 * logit_rows * chunk * loc.vocab * 4),
         ("one layer's weights gathered", loc.gathered_layer),
@@ -252,16 +293,11 @@ def verifier_phase(loc: Local, rows: int, prefix_len: int, branches: int, branch
     a time. The prefix's and the branches' attention run one after the other, so a layer
     holds the larger of their temporaries."""
     r = rows_per_device(rows // micro_batches, ways)
-    length = prefix_len + branches * branch_len
-    attention = max(loc.attention(r, prefix_len, prefix_len),
-                    loc.branch_attention(r, prefix_len, branches, branch_len))
-    layer = 2 * loc.act(r, length) + max(loc.projections(r, length, length) + attention,
-                                         loc.mlp_bytes(r, length))
+    layer = loc.shared_working_set(r, prefix_len, branches, branch_len)
     tokens = f"{prefix_len} + {branches} x {branch_len}"
     return summed([
         (f"masks: {_rows_text(rows, micro_batches)} x ({prefix_len}^2 + {branches} x "
-         f"{branch_len}^2)", loc.mask(r, prefix_len, prefix_len)
-         + loc.mask(r * branches, branch_len, branch_len)),
+         f"{branch_len}^2)", loc.shared_masks(r, prefix_len, branches, branch_len)),
         (f"one layer's forward over {tokens} tokens", layer + loc.gathered_layer),
         (f"answer logits: {branches} items per row", r * branches * loc.vocab * 4),
     ])
