@@ -13,8 +13,9 @@ ids). Rows:
   to its own Llamas (fp32, vocabulary 8192, square attention projections), so it gives no
   ceiling for this shape;
 - **policy GRPO update**: `core.role_update_stage` on the decode rows (prompt + sampled
-  completion, random advantages), beta > 0 so a reference forward runs, one AdamW step;
-  model FLOPs `3 x flops.teacher_forced_flops` (+ 1x for the reference forward);
+  completion, random advantages; each prompt encoded once under its samples, the default
+  `round.share_prefix`), beta > 0 so a reference forward runs, one AdamW step; model FLOPs
+  `3 x flops.shared_teacher_forced_flops` (+ 1x for the reference forward);
 - **verifier**: one tree forward (`rubric.verifier.verify`), FLOPs `flops.tree_verify_flops`;
 - **round stages**: `benchmarks/round_stages.py`'s growing prefixes of the round, each stage
   the difference of consecutive prefixes; the whole round's MFU from `flops.round_flops`.
@@ -222,13 +223,21 @@ def update_row(setup, state: core.RoundState, frozen: core.Frozen, decoded, work
                                                                 ref, *xs))
     args = (state.policy, frozen.policy_ref, prompt, mask, samples, advantages,
             jax.random.key(4))
-    forward = flops.teacher_forced_flops(cfg, rows=p * k, prompt_len=work.prompt_len,
-                                         completion_len=work.new_tokens)
+    if setup.config.share_prefix:  # each prompt encoded once under its K samples
+        forward = flops.shared_teacher_forced_flops(
+            cfg, prompts=p, prompt_len=work.prompt_len, samples=k,
+            completion_len=work.new_tokens)
+        tokens = p * (work.prompt_len + k * work.new_tokens)
+    else:
+        forward = flops.teacher_forced_flops(cfg, rows=p * k, prompt_len=work.prompt_len,
+                                             completion_len=work.new_tokens)
+        tokens = p * k * (work.prompt_len + work.new_tokens)
     passes = 3 * setup.config.num_updates + (setup.config.policy_beta > 0)
+    shared = ", prompts shared" if setup.config.share_prefix else ""
     return Row("policy GRPO update (`role_update_stage`)", f"{p * k} rows, prompt "
-               f"{work.prompt_len} + completion {work.new_tokens}, beta "
+               f"{work.prompt_len} + completion {work.new_tokens}{shared}, beta "
                f"{setup.config.policy_beta}, {setup.config.num_updates} AdamW step",
-               timed(update, args, repeats), tokens=p * k * (work.prompt_len + work.new_tokens),
+               timed(update, args, repeats), tokens=tokens,
                flops=passes * forward, note="3x forward + the reference forward")
 
 

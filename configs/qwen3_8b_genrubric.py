@@ -25,8 +25,7 @@ from jaxrubric.config import paper_recipe
 
 def get_config():
     config = paper_recipe("Qwen/Qwen3-8B", chat_template_kwargs={"enable_thinking": False},
-                          method="genrubric",
-                          update_micro_batches=32)
+                          method="genrubric")
     # The generator self-evolves against a fixed answering policy and judge (the paper's
     # setting); --config.round.freeze_policy=false trains the answerer too.
     config.round.freeze_policy = True

@@ -120,7 +120,7 @@ def _dtype_field() -> ml_collections.FieldReference:
 
 def paper_recipe(checkpoint: str, chat_template_kwargs: dict | None = None,
                  method: str = "dynamic_rubric",
-                 update_micro_batches: int = 64) -> ml_collections.ConfigDict:
+                 update_micro_batches: int = 8) -> ml_collections.ConfigDict:
     """The paper settings for an 8B model in every role: K = 8, beta = 0.01, AdamW at lr 1e-6
     (policy) / 5e-6 (generator), anchor weight 1, Nectar anchor lists.
 
@@ -129,10 +129,11 @@ def paper_recipe(checkpoint: str, chat_template_kwargs: dict | None = None,
 
     Memory (sized with `jaxrubric plan` for v5p-8, fsdp=4 at 95 GiB, and 8xH100, fsdp=8 at
     80 GiB): attention over blocks of 128 queries, rollouts and verification over 8
-    micro-batches of prompts (one or two prompts per chip at a time), and updates over 64
-    micro-batches (`update_micro_batches`): 64 for DynamicRubric (one generator row, all 8
-    responses and ~10k tokens, per v5p chip at a time); the GenRubric recipes pass 32 (two of
-    its shorter rows).
+    micro-batches of prompts (one or two prompts per chip at a time), and the shared-prefix
+    updates (`round.share_prefix`) over 8 micro-batches of prompts (`update_micro_batches`:
+    one prompt under its samples per 8xH100 GPU at a time, two per v5p chip; more would leave
+    chips without a prompt), their log-probs over 64-token chunks (the 16 rows of a v5p
+    chip's two DynamicRubric policy prompts hold `[16, 64, vocabulary]` float32 logits).
     """
     config = base_config()
     config.method = method
@@ -163,7 +164,7 @@ def paper_recipe(checkpoint: str, chat_template_kwargs: dict | None = None,
     config.round.policy_beta = 0.01
     config.round.generator_beta = 0.01
     config.round.anchor_weight = 1.0
-    config.round.logprob_chunk = 256
+    config.round.logprob_chunk = 64
     config.round.rollout_micro_batches = 8
     config.round.update_micro_batches = update_micro_batches
     config.optim.policy_lr = 1e-6

@@ -1,6 +1,8 @@
 """Model FLOPs: a hand count, XLA's own count of the compiled forward and backward, the round's
 shapes against the arrays the round builds, the peak table and MFU."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -260,16 +262,24 @@ def test_round_flops_stages_follow_the_config():
         num_layers=3), Role.VERIFIER: jaxrubric.tiny_config(num_layers=1, hidden_size=32)}
     policy, generator, verifier = (models[r] for r in (Role.POLICY, Role.GENERATOR,
                                                         Role.VERIFIER))
-    base = RoundConfig(num_responses=4, num_rubrics=2, response_tokens=12)
+    base = RoundConfig(num_responses=4, num_rubrics=2, response_tokens=12)  # prompts shared
     shapes = DYNAMIC_RUBRIC.round_shapes(base, DIMS)
     stages = flops.round_flops_by_stage(models, base, shapes)
     assert set(stages) == {"policy/sample", "generator/sample", "verifier/responses",
                            "verifier/anchors", "policy/reference", "policy/update",
                            "generator/reference", "generator/update"}
-    policy_forward = flops.teacher_forced_flops(policy, rows=8, prompt_len=32, completion_len=12)
+    policy_forward = flops.shared_teacher_forced_flops(policy, prompts=2, prompt_len=32,
+                                                       samples=4, completion_len=12)
     assert stages["policy/reference"] == policy_forward
     assert stages["policy/update"] == 3 * policy_forward
-    assert stages["generator/update"] == 3 * flops.teacher_forced_flops(
+    assert stages["generator/update"] == 3 * flops.shared_teacher_forced_flops(
+        generator, prompts=2, prompt_len=200, samples=2, completion_len=40)
+    unshared = dataclasses.replace(base, share_prefix=False)  # a row per sample
+    rows = flops.round_flops_by_stage(models, unshared,
+                                      DYNAMIC_RUBRIC.round_shapes(unshared, DIMS))
+    assert rows["policy/update"] == 3 * flops.teacher_forced_flops(
+        policy, rows=8, prompt_len=32, completion_len=12)
+    assert rows["generator/update"] == 3 * flops.teacher_forced_flops(
         generator, rows=4, prompt_len=200, completion_len=40)
     assert stages["policy/sample"] == flops.sampling_flops(policy, prompts=2, prompt_len=32,
                                                            samples=4, new_tokens=12)
@@ -298,8 +308,9 @@ def test_round_flops_stages_follow_the_config():
                                                        samples=1, new_tokens=12)
     assert gr["verifier/induced responses"] == flops.tree_verify_flops(
         verifier, rows=4, prefix_len=60, branches=6, branch_len=9)
-    assert gr["generator/update"] == 3 * flops.teacher_forced_flops(
-        generator, rows=4, prompt_len=152, completion_len=40)
+    assert gr["generator/update"] == 3 * flops.shared_teacher_forced_flops(
+        generator, prompts=2, prompt_len=152, samples=2, completion_len=40)
+    # Each induced answer has its own prompt (its rubric group's): nothing to share.
     assert gr["policy/update"] == 3 * flops.teacher_forced_flops(
         policy, rows=4, prompt_len=66, completion_len=12)
 

@@ -81,12 +81,20 @@ def test_micro_batched_verification_gives_the_same_verdicts(model):
 TINY_GENRUBRIC = "configs/tiny_genrubric.py"
 
 
-# The tiny configs: 8 prompts, K = 4 responses, G = 2 rubrics: the generator's update has 16
-# rows, the policy's 32 (DynamicRubric; 24 with K = 3).
+# The tiny configs: 8 prompts, K = 4 responses, G = 2 rubrics: the updates share each prompt
+# under its samples (the default), so update micro-batches split the 8 prompts; unshared, the
+# generator's update has 16 rows, the policy's 32 (DynamicRubric; 24 with K = 3).
 @pytest.mark.parametrize("config, overrides, message", [
     (TINY, ["round.update_micro_batches=3"],
+     "config.round.update_micro_batches=3 must divide the generator update's prompts "
+     "(share_prefix), 8"),
+    (TINY, ["round.update_micro_batches=16"],
+     "config.round.update_micro_batches=16 must divide the generator update's prompts "
+     "(share_prefix), 8"),
+    (TINY, ["round.share_prefix=false", "round.update_micro_batches=3"],
      "config.round.update_micro_batches=3 must divide the generator update's rows, 16"),
-    (TINY, ["round.num_responses=3", "round.update_micro_batches=16"],
+    (TINY, ["round.share_prefix=false", "round.num_responses=3",
+            "round.update_micro_batches=16"],
      "config.round.update_micro_batches=16 must divide the policy update's rows, 24"),
     (TINY, ["round.rollout_micro_batches=3"],
      "config.round.rollout_micro_batches=3 must divide the policy's rollout prompts, 8"),
