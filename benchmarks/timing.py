@@ -4,16 +4,25 @@ folder on the import path)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import jax
 
 
-def best_time(fn, args, repeats: int) -> float:
-    """Best wall time of `fn(*args)` over `repeats` runs, after one run that compiles."""
-    jax.block_until_ready(fn(*args))
+def first_and_best(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
+    """Wall time of the first call of `fn()` (which compiles) and the best of `repeats` calls
+    after it. `fn` returns when its work is done (block on JAX results inside it)."""
+    start = time.perf_counter()
+    fn()
+    first = time.perf_counter() - start
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
+        fn()
         times.append(time.perf_counter() - start)
-    return min(times)
+    return first, min(times)
+
+
+def best_time(fn, args, repeats: int) -> float:
+    """Best wall time of `fn(*args)` over `repeats` runs, after one run that compiles."""
+    return first_and_best(lambda: jax.block_until_ready(fn(*args)), repeats)[1]
