@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -140,6 +141,14 @@ def _train(args: argparse.Namespace, overrides: Sequence[str]) -> int:
     return 0
 
 
+# Each method's toy world: its module, config class, runner and default workdir.
+TOY_WORLDS = {
+    "dynamic_rubric": ("jaxrubric.toy.world", "ToyWorldConfig", "run_toy_world", "toy_world"),
+    "genrubric": ("jaxrubric.toy.genrubric_world", "GenRubricWorldConfig",
+                  "run_genrubric_world", "toy_genrubric"),
+}
+
+
 def _toy_world(args: argparse.Namespace, overrides: Sequence[str]) -> int:
     """`jaxrubric train` without a config: a toy world, end to end (`--method`: DynamicRubric's
     or GenRubric's)."""
@@ -147,15 +156,10 @@ def _toy_world(args: argparse.Namespace, overrides: Sequence[str]) -> int:
         raise SystemExit("--config.KEY=VALUE overrides need --config; the toy world takes "
                          "--method, --seed and --rounds")
     rounds = {"rounds": args.rounds} if args.rounds else {}
-    if args.method == "genrubric":
-        from jaxrubric.toy.genrubric_world import GenRubricWorldConfig, run_genrubric_world
-
-        run_genrubric_world(args.workdir or "toy_genrubric",
-                            GenRubricWorldConfig(seed=args.seed, **rounds))
-    else:
-        from jaxrubric.toy.world import ToyWorldConfig, run_toy_world
-
-        run_toy_world(args.workdir or "toy_world", ToyWorldConfig(seed=args.seed, **rounds))
+    module, config_class, runner, workdir = TOY_WORLDS[args.method or "dynamic_rubric"]
+    world = importlib.import_module(module)  # imported on use: it pulls in matplotlib & co
+    getattr(world, runner)(args.workdir or workdir,
+                           getattr(world, config_class)(seed=args.seed, **rounds))
     return 0
 
 
@@ -220,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--config", help="a config file (configs/NAME.py); none: the toy world")
     train.add_argument("--workdir", help="checkpoints, TensorBoard logs; rerun with the same "
                                          "folder to resume (required with --config; toy world default: toy_world)")
-    train.add_argument("--method", choices=["dynamic_rubric", "genrubric"],
+    train.add_argument("--method", choices=sorted(TOY_WORLDS),
                        help="toy world only (default dynamic_rubric): DynamicRubric's (co-evolving vs stale, static and "
                             "oracle evaluators) or GenRubric's (self-evolving vs shuffled-reward "
                             "control, agreement with an expert rubric; default workdir "

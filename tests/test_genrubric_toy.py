@@ -156,6 +156,16 @@ def test_method_picks_a_toy_world_and_is_refused_with_a_config(tmp_path):
         gw.GenRubricWorldConfig(runs=("evolving", "frozen"))
 
 
+def test_train_method_genrubric_runs_the_genrubric_world(tmp_path, monkeypatch):
+    from jaxrubric.cli import main
+
+    calls = []
+    monkeypatch.setattr(gw, "run_genrubric_world", lambda workdir, cfg: calls.append((workdir, cfg)))
+    assert main(["train", "--method", "genrubric", "--seed", "3", "--rounds", "7",
+                 "--workdir", str(tmp_path)]) == 0
+    assert calls == [(str(tmp_path), gw.GenRubricWorldConfig(seed=3, rounds=7))]
+
+
 # A few supervised steps and rounds: the plumbing, not the learning.
 TINY = gw.GenRubricWorldConfig(rounds=2, eval_every=1, batch_size=4, num_rubrics=3,
                                eval_queries=8, eval_rubric_runs=2, verifier_steps=30,
