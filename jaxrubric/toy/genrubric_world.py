@@ -50,7 +50,8 @@ import numpy as np
 import jaxrubric
 from jaxrubric import sft
 from jaxrubric import sharding as shd
-from jaxrubric.config import base_config, check_config
+from jaxrubric.config import check_config
+from jaxrubric.data import load_healthbench, prompt_text
 from jaxrubric.eval.metrics import AGREEMENT_METRICS, agreement_metrics
 from jaxrubric.rubric import templates as tpl
 from jaxrubric.toy import digits_task as task
@@ -243,28 +244,15 @@ def rubric_following(workdir: Path, cfg: GenRubricWorldConfig, n: int = 256, see
 def run_config(name: str, workdir: Path, paths: dict[str, Path], cfg: GenRubricWorldConfig
                ) -> ml_collections.ConfigDict:
     """The training config of one run of `RUNS`."""
-    c = base_config()
+    c = world.toy_run_config(
+        workdir, paths, workdir / "models" / "generator_cold", seed=cfg.seed,
+        batch_size=cfg.batch_size, eval_batch_size=cfg.eval_queries,
+        num_rubrics=cfg.num_rubrics, max_items=cfg.max_items,
+        max_item_tokens=cfg.max_item_tokens, generator_beta=cfg.generator_beta,
+        generator_lr=cfg.generator_lr, rounds=cfg.rounds, eval_every=cfg.eval_every)
     c.method = "genrubric"
-    c.seed = cfg.seed
-    c.tokenizer = str(workdir / "tokenizer")
-    c.policy.path = str(workdir / "models" / "policy")
-    c.generator.path = str(workdir / "models" / "generator_cold")
-    c.verifier.path = str(workdir / "models" / "verifier")
-    c.data.train = str(paths["train"])
-    c.data.eval = str(paths["eval"])
-    c.data.batch_size = cfg.batch_size
-    c.data.eval_batch_size = cfg.eval_queries
     c.data.eval_rubric_runs = cfg.eval_rubric_runs
-    c.data.prompt_tokens = 12
-    c.data.anchor_tokens = 8  # the held-out responses' budget
-    c.rubric.max_items = cfg.max_items
-    c.rubric.max_item_tokens = cfg.max_item_tokens
-    c.rubric.template_style = "compact"
-    c.round.num_rubrics = cfg.num_rubrics
-    c.round.response_tokens = 8
-    c.round.logprob_chunk = 16
     c.round.freeze_policy = True  # the answerer stays the one the rubrics were checked with
-    c.round.generator_beta = cfg.generator_beta
     c.round.shuffle_generator_credit = name == "control"
     c.round.discrimination_spread = cfg.discrimination_spread
     for key, value in zip(("comprehensiveness_coef", "discrimination_coef",
@@ -272,26 +260,8 @@ def run_config(name: str, workdir: Path, paths: dict[str, Path], cfg: GenRubricW
         c.round[key] = value
     for key, value in cfg.round_overrides:
         c.round[key] = value
-    c.optim.generator_lr = cfg.generator_lr
-    c.rounds = cfg.rounds
-    c.eval_every = cfg.eval_every
-    c.checkpoint_every = cfg.eval_every
-    c.keep_checkpoints = 1
-    c.log_every = 1
     check_config(c)
     return c
-
-
-def _train_run(name: str, workdir: Path, paths: dict[str, Path], cfg: GenRubricWorldConfig
-               ) -> Path:
-    from jaxrubric.train import train
-
-    run_dir = workdir / "runs" / name
-    print(f"run: {name}", flush=True)
-    summary = train(run_config(name, workdir, paths, cfg), run_dir)
-    if summary["preempted"]:
-        raise SystemExit(f"stopped by SIGTERM in the {name} run; rerun to resume")
-    return run_dir
 
 
 # ---------------------------------------------------------------------------------- result
@@ -353,12 +323,11 @@ def paired_interval(after: list[float | None], before: list[float | None], seed:
 
 def summarize(workdir: Path, cfg: GenRubricWorldConfig) -> dict[str, Any]:
     """Writes `summary.json` and `agreement.png`, prints the table, returns the summary."""
-    held_out = [json.loads(line) for line in (workdir / "data" / "eval.jsonl").read_text()
-                .splitlines()]
-    responses = {r["prompt_id"]: [r["ideal_completions_data"]["ideal_completion"],
-                                  *r["ideal_completions_data"]["ideal_completions_ref_completions"]]
-                 for r in held_out}
-    prompts = {r["prompt_id"]: r["prompt"][0]["content"] for r in held_out}
+    # The held-out rows as the training loop read them (the same loader, the same order of
+    # completions as its score matrices).
+    held_out = load_healthbench(workdir / "data" / "eval.jsonl").records
+    responses = {r.id: r.responses for r in held_out}
+    prompts = {r.id: prompt_text(r.messages) for r in held_out}
     per_query: dict[str, dict[int, dict[str, list]]] = {}
     for name in cfg.runs:
         scores = read_scores(workdir / "runs" / name)
@@ -455,5 +424,5 @@ def run_genrubric_world(workdir: str | Path, cfg: GenRubricWorldConfig = GenRubr
     print(f"rubric following of the answerer: {following.read_text()}", flush=True)
     for name in cfg.runs:
         with timings.stage(f"run: {name}"):
-            _train_run(name, workdir, paths, cfg)
+            world.train_toy_run(name, workdir, run_config(name, workdir, paths, cfg))
     return summarize(workdir, cfg)

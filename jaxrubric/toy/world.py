@@ -355,32 +355,67 @@ def warm_start(role: str, workdir: Path, tokenizer: Any, mesh, cfg: ToyWorldConf
 
 
 # ---------------------------------------------------------------------------- co-evolution
-def run_config(name: str, workdir: Path, paths: dict[str, Path], cfg: ToyWorldConfig,
-               generator: Path) -> ml_collections.ConfigDict:
-    """The training config of one toy run; `name` is a run of `RUNS`, or "generator" /
-    "generator_static" (the generator's rounds against the frozen warm-started policy)."""
+def toy_run_config(workdir: Path, paths: dict[str, Path], generator: Path, *, seed: int,
+                   batch_size: int, eval_batch_size: int, num_rubrics: int, max_items: int,
+                   max_item_tokens: int, generator_beta: float, generator_lr: float,
+                   rounds: int, eval_every: int) -> ml_collections.ConfigDict:
+    """What every toy run's training config shares (either world's): the workdir's tokenizer,
+    models and data, the toy's short budgets and compact templates, and a schedule that
+    evaluates and checkpoints every `eval_every` rounds, keeping the last checkpoint."""
     c = base_config()
-    c.seed = cfg.seed
+    c.seed = seed
     c.tokenizer = str(workdir / "tokenizer")
-    c.oracle = "toy_digits"
     c.policy.path = str(workdir / "models" / "policy")
     c.generator.path = str(generator)
     c.verifier.path = str(workdir / "models" / "verifier")
     c.data.train = str(paths["train"])
     c.data.eval = str(paths["eval"])
-    c.data.batch_size = cfg.batch_size
-    c.data.eval_batch_size = cfg.eval_batch_size
+    c.data.batch_size = batch_size
+    c.data.eval_batch_size = eval_batch_size
     c.data.prompt_tokens = 12
-    c.data.policy_tokens = 16
-    c.data.anchor_tokens = 8
-    c.data.num_anchors = cfg.num_anchors
-    c.rubric.max_items = cfg.max_items
-    c.rubric.max_item_tokens = cfg.max_item_tokens
+    c.data.anchor_tokens = 8  # the held-out answers' budget
+    c.rubric.max_items = max_items
+    c.rubric.max_item_tokens = max_item_tokens
     c.rubric.template_style = "compact"
-    c.round.num_responses = cfg.num_responses
-    c.round.num_rubrics = cfg.num_rubrics
+    c.round.num_rubrics = num_rubrics
     c.round.response_tokens = 8
     c.round.logprob_chunk = 16
+    c.round.generator_beta = generator_beta
+    c.optim.generator_lr = generator_lr
+    c.rounds = rounds
+    c.eval_every = eval_every
+    c.checkpoint_every = eval_every
+    c.keep_checkpoints = 1
+    c.log_every = 1
+    return c
+
+
+def train_toy_run(name: str, workdir: Path, config: ml_collections.ConfigDict,
+                  oracle: Any = None) -> Path:
+    """Trains one toy run in `workdir/runs/name` (resuming it if it was interrupted); a SIGTERM
+    stops the whole world, not just the run."""
+    from jaxrubric.train import train
+
+    run_dir = workdir / "runs" / name
+    print(f"run: {name}", flush=True)
+    if train(config, run_dir, oracle=oracle)["preempted"]:
+        raise SystemExit(f"stopped by SIGTERM in the {name} run; rerun to resume")
+    return run_dir
+
+
+def run_config(name: str, workdir: Path, paths: dict[str, Path], cfg: ToyWorldConfig,
+               generator: Path) -> ml_collections.ConfigDict:
+    """The training config of one toy run; `name` is a run of `RUNS`, or "generator" /
+    "generator_static" (the generator's rounds against the frozen warm-started policy)."""
+    c = toy_run_config(workdir, paths, generator, seed=cfg.seed, batch_size=cfg.batch_size,
+                       eval_batch_size=cfg.eval_batch_size, num_rubrics=cfg.num_rubrics,
+                       max_items=cfg.max_items, max_item_tokens=cfg.max_item_tokens,
+                       generator_beta=cfg.generator_beta, generator_lr=cfg.generator_lr,
+                       rounds=cfg.rounds, eval_every=cfg.eval_every)
+    c.oracle = "toy_digits"
+    c.data.policy_tokens = 16
+    c.data.num_anchors = cfg.num_anchors
+    c.round.num_responses = cfg.num_responses
     # The README's figures were measured with unshared updates; sharing gives the same
     # updates up to float rounding, which changes later samples, so turning it on needs a
     # re-measure.
@@ -390,14 +425,7 @@ def run_config(name: str, workdir: Path, paths: dict[str, Path], cfg: ToyWorldCo
     c.round.policy_score = cfg.policy_score
     c.round.anchor_weight = cfg.anchor_weight
     c.round.policy_beta = 0.0
-    c.round.generator_beta = cfg.generator_beta
     c.optim.policy_lr = cfg.policy_lr
-    c.optim.generator_lr = cfg.generator_lr
-    c.rounds = cfg.rounds
-    c.eval_every = cfg.eval_every
-    c.checkpoint_every = cfg.eval_every
-    c.keep_checkpoints = 1
-    c.log_every = 1
     if name in STATIC_RUNS or name == "generator_static":
         c.round.rubric_source = "static"
     if name.startswith("generator"):
@@ -415,15 +443,8 @@ def run_config(name: str, workdir: Path, paths: dict[str, Path], cfg: ToyWorldCo
 
 def _train_run(name: str, workdir: Path, paths: dict[str, Path], cfg: ToyWorldConfig,
                generator: Path) -> Path:
-    from jaxrubric.train import train
-
-    run_dir = workdir / "runs" / name
-    print(f"run: {name}", flush=True)
-    summary = train(run_config(name, workdir, paths, cfg, generator), run_dir,
-                    oracle=task.oracle_reward)
-    if summary["preempted"]:  # SIGTERM saved this run's round: stop the world, not just the run
-        raise SystemExit(f"stopped by SIGTERM in the {name} run; rerun to resume")
-    return run_dir
+    return train_toy_run(name, workdir, run_config(name, workdir, paths, cfg, generator),
+                         oracle=task.oracle_reward)
 
 
 def trained_generator(workdir: Path, paths: dict[str, Path], cfg: ToyWorldConfig,
