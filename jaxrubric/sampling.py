@@ -5,6 +5,10 @@ unconstrained) distribution: `SampleResult.logprobs` is exactly what a teacher-f
 gives at the sampled tokens. The log-probabilities under the distribution actually sampled from
 (temperature, top-k, top-p, grammar mask) are returned too.
 
+Row `r` of a batch (prompt `r // K`, sample `r % K`) draws its step-`s` noise from
+`fold_in(fold_in(rng, r), s)` alone, so a row samples the same tokens whatever else is in its
+batch: alone, in a micro-batch (each draws only its own rows' noise) or sharded over a mesh.
+
 Shapes are bucketed (prompt length and output length rounded up to powers of two) so a training
 run compiles a handful of programs. The model's graph and its state are passed separately, so
 weights are arguments of the compiled programs, not constants baked into them.
@@ -15,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -57,10 +61,17 @@ class SamplingParams:
     """The static knobs of a decode program (each distinct value compiles once)."""
 
     greedy: bool
+    tempered: bool  # a temperature other than 0 and 1
     top_k: int | None
     use_top_p: bool
     num_stop: int
     constrained: bool
+
+    @property
+    def untouched(self) -> bool:
+        """Sampling from the model's own distribution: its log-probs serve as both kinds."""
+        return not (self.greedy or self.tempered or self.top_k is not None or self.use_top_p
+                    or self.constrained)
 
 
 def filter_logits(logits: jax.Array, temperature: jax.Array, top_k: int | None,
@@ -82,40 +93,42 @@ def filter_logits(logits: jax.Array, temperature: jax.Array, top_k: int | None,
     return logits
 
 
-class NoiseRows(NamedTuple):
-    """The rows `ids [rows]` of a batch of `total` rows that a micro-batch samples: each row
-    draws the noise it would draw in the whole batch, so micro-batching leaves samples as
-    they are."""
-
-    ids: jax.Array
-    total: int
+def row_keys(rng: jax.Array, row_ids: jax.Array) -> jax.Array:
+    """One key per row, `fold_in(rng, row)` for each of the rows' indices in the whole batch."""
+    return jax.vmap(jax.random.fold_in, (None, 0))(rng, row_ids)
 
 
-def _sample_step(logits, key, temperature, top_p, params: SamplingParams, grammar, g_state,
-                 noise_rows: NoiseRows | None = None):
-    """One token per row: (token, untempered log-prob, sampling log-prob)."""
-    raw_logp = jax.nn.log_softmax(logits, axis=-1)
+def _logprob_at(logits: jax.Array, token: jax.Array) -> jax.Array:
+    """`log_softmax(logits)[row, token]` by the same arithmetic (so equal to a teacher-forced
+    forward's), without writing the `[rows, V]` log-softmax out."""
+    peak = jnp.max(logits, axis=-1)
+    log_total = jnp.log(jnp.sum(jnp.exp(logits - peak[:, None]), axis=-1))
+    return (jnp.take_along_axis(logits, token[:, None], axis=-1)[:, 0] - peak) - log_total
+
+
+def _sample_step(logits: jax.Array, keys: jax.Array, temperature: jax.Array, top_p: jax.Array,
+                 params: SamplingParams, grammar: Any, g_state: jax.Array
+                 ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """One token per row with this step's row `keys`: (token, untempered log-prob, sampling
+    log-prob)."""
+    sampled = logits
     if params.constrained:
-        logits = grammar_lib.apply_grammar(logits, g_state, grammar)
+        sampled = grammar_lib.apply_grammar(sampled, g_state, grammar)
     if params.greedy:
-        token = jnp.argmax(logits, axis=-1)
-        sample_logp = jnp.zeros(token.shape, jnp.float32)
-    else:
-        filtered = filter_logits(logits, temperature, params.top_k,
-                                 top_p if params.use_top_p else None)
-        # Gumbel-max with the noise drawn vocabulary-major: a draw is prefix-stable along its
-        # leading axis, so every real token gets the same noise whatever padding the vocabulary
-        # has (a multiple of the tensor axis), and one key samples the same tokens on any mesh.
-        # A micro-batch draws the whole batch's noise and takes its rows' share.
-        width = filtered.shape[0] if noise_rows is None else noise_rows.total
-        noise = jax.random.gumbel(key, (filtered.shape[1], width), filtered.dtype).T
-        if noise_rows is not None:
-            noise = noise[noise_rows.ids]
-        token = jnp.argmax(filtered + noise, axis=-1)
-        sample_logp = jnp.take_along_axis(jax.nn.log_softmax(filtered, axis=-1),
-                                          token[:, None], axis=-1)[:, 0]
-    token_logp = jnp.take_along_axis(raw_logp, token[:, None], axis=-1)[:, 0]
-    return token.astype(jnp.int32), token_logp, sample_logp
+        token = jnp.argmax(sampled, axis=-1).astype(jnp.int32)
+        return token, _logprob_at(logits, token), jnp.zeros(token.shape, jnp.float32)
+    if not params.untouched:
+        sampled = filter_logits(sampled, temperature, params.top_k,
+                                top_p if params.use_top_p else None)
+    # Gumbel-max, each row's noise drawn `[V]` from its own key, already in the `[rows, V]`
+    # layout it is added in. A draw is prefix-stable (threefry counts the elements), so every
+    # real token gets the same noise whatever padding the vocabulary has (a multiple of the
+    # tensor axis), and a row samples the same tokens on any mesh.
+    noise = jax.vmap(lambda key: jax.random.gumbel(key, sampled.shape[1:], sampled.dtype))(keys)
+    token = jnp.argmax(sampled + noise, axis=-1).astype(jnp.int32)
+    logp = _logprob_at(logits, token)
+    sample_logp = logp if params.untouched else _logprob_at(sampled, token)
+    return token, logp, sample_logp
 
 
 def prefill(model: Decoder, tokens: jax.Array, mask: jax.Array, *, cache_len: int,
@@ -130,13 +143,12 @@ def prefill(model: Decoder, tokens: jax.Array, mask: jax.Array, *, cache_len: in
 
 
 def decode(model: Decoder, cache: KVCache, logits: jax.Array, positions: jax.Array,
-           rng: jax.Array, temperature: jax.Array, top_p: jax.Array, stop_ids: jax.Array,
+           keys: jax.Array, temperature: jax.Array, top_p: jax.Array, stop_ids: jax.Array,
            max_new_tokens: jax.Array, grammar: Any, *, params: SamplingParams,
-           num_samples: int, max_len: int, noise_rows: NoiseRows | None = None
-           ) -> tuple[SampleResult, KVCache]:
+           num_samples: int, max_len: int) -> tuple[SampleResult, KVCache]:
     """Decodes up to `max_new_tokens` (<= max_len) tokens for every row from the prefilled
-    cache; `positions [rows]` is each row's prompt length; `noise_rows` when these rows are a
-    micro-batch of a larger batch. Traceable."""
+    cache; `positions [rows]` is each row's prompt length, `keys [rows]` its key (`row_keys`),
+    into which each step is folded. Traceable."""
     model = model.unstacked()
     rows = logits.shape[0]
     pad = jnp.int32(0)
@@ -155,9 +167,9 @@ def decode(model: Decoder, cache: KVCache, logits: jax.Array, positions: jax.Arr
 
     def body(c):
         step = c["step"]
-        key = jax.random.fold_in(rng, step)
-        token, logp, sample_logp = _sample_step(c["logits"], key, temperature, top_p, params,
-                                                grammar, c["g_state"], noise_rows)
+        step_keys = jax.vmap(jax.random.fold_in, (0, None))(keys, step)
+        token, logp, sample_logp = _sample_step(c["logits"], step_keys, temperature, top_p,
+                                                params, grammar, c["g_state"])
         live = ~c["done"]
         token = jnp.where(live, token, pad)
         hit_stop = live & jnp.any(token[:, None] == stop_ids[None, :], axis=-1)
@@ -208,9 +220,9 @@ def _decode(graphdef, state, cache, *args, params: SamplingParams, num_samples: 
 
 def sampling_params(*, temperature: float, top_k: int | None, top_p: float | None,
                     num_stop: int, constrained: bool) -> SamplingParams:
-    return SamplingParams(greedy=temperature == 0, top_k=top_k,
-                          use_top_p=top_p is not None and top_p < 1, num_stop=num_stop,
-                          constrained=constrained)
+    return SamplingParams(greedy=temperature == 0, tempered=temperature not in (0, 1),
+                          top_k=top_k, use_top_p=top_p is not None and top_p < 1,
+                          num_stop=num_stop, constrained=constrained)
 
 
 def sample(model: Decoder, tokens: jax.Array, mask: jax.Array, lengths: jax.Array,
@@ -222,29 +234,25 @@ def sample(model: Decoder, tokens: jax.Array, mask: jax.Array, lengths: jax.Arra
     `lengths [B]`; output length `max_new_tokens` exactly (static).
 
     With `micro_batches = n > 1` the prompts are prefilled and decoded n micro-batches at a
-    time (`microbatch.map_rows`), so the KV cache holds `B K / n` rows; every row draws the
-    noise it draws in one batch, so the samples are the same.
+    time (`microbatch.map_rows`), so the KV cache holds `B K / n` rows; every row keeps its
+    key, so the samples are the same and a micro-batch draws only its own rows' noise.
     """
     params = sampling_params(temperature=temperature, top_k=top_k, top_p=top_p,
                              num_stop=len(stop_token_ids), constrained=grammar is not None)
-    total = tokens.shape[0] * num_samples
+    keys = row_keys(rng, jnp.arange(tokens.shape[0] * num_samples)).reshape(-1, num_samples)
 
     def run(prompts: tuple[jax.Array, ...]) -> SampleResult:
-        tokens, mask, lengths, prompt_ids = prompts
+        tokens, mask, lengths, keys = prompts
         cache, logits = prefill(model, tokens, mask, cache_len=tokens.shape[1] + max_new_tokens,
                                 num_samples=num_samples)
-        noise_rows = None if micro_batches == 1 else NoiseRows(
-            (prompt_ids[:, None] * num_samples + jnp.arange(num_samples)).reshape(-1), total)
         result, _ = decode(
-            model, cache, logits, jnp.repeat(lengths, num_samples), rng,
+            model, cache, logits, jnp.repeat(lengths, num_samples), keys.reshape(-1),
             jnp.float32(max(temperature, 1e-6)), jnp.float32(1.0 if top_p is None else top_p),
             jnp.asarray(tuple(stop_token_ids) or (-1,), jnp.int32), jnp.int32(max_new_tokens),
-            grammar, params=params, num_samples=num_samples, max_len=max_new_tokens,
-            noise_rows=noise_rows)
+            grammar, params=params, num_samples=num_samples, max_len=max_new_tokens)
         return result
 
-    return microbatch.map_rows(run, (tokens, mask, lengths, jnp.arange(tokens.shape[0])),
-                               micro_batches)
+    return microbatch.map_rows(run, (tokens, mask, lengths, keys), micro_batches)
 
 
 def left_pad(prompts: Sequence[Sequence[int]], length: int, pad_id: int = 0
@@ -314,12 +322,15 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]] | np.ndarray, *,
         state = jax.device_put(state, shd.state_shardings(state, mesh, rules))
         arrays = tuple(jax.device_put(a, shd.batch_sharding(mesh, a.ndim, rules)) for a in arrays)
     ids_j, mask_j, lengths_j = arrays
+    keys = row_keys(rng, jnp.arange(padded_batch * num_samples))
+    if mesh is not None:
+        keys = jax.device_put(keys, shd.batch_sharding(mesh, 1, rules))
     cache, last_logits = _prefill(graphdef, state, ids_j, mask_j,
                                   cache_len=prompt_len + out_len, num_samples=num_samples)
     params = sampling_params(temperature=temperature, top_k=top_k, top_p=top_p,
                              num_stop=len(stops), constrained=grammar is not None)
     result, _ = _decode(
-        graphdef, state, cache, last_logits, jnp.repeat(lengths_j, num_samples), rng,
+        graphdef, state, cache, last_logits, jnp.repeat(lengths_j, num_samples), keys,
         jnp.float32(max(temperature, 1e-6)), jnp.float32(1.0 if top_p is None else top_p),
         jnp.asarray(stops if stops else (-1,), jnp.int32), jnp.int32(max_new_tokens),
         None if grammar is None else jax.device_put(grammar),

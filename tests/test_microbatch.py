@@ -9,10 +9,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from helpers import tiny_model_config, tiny_tokenizer
 
 import jaxrubric
 from jaxrubric import microbatch, sampling
+from jaxrubric import sharding as shd
 from jaxrubric.config import ConfigFileError, load_config
+from jaxrubric.rubric import grammar as gr
 from jaxrubric.rubric import verifier as ver
 
 TINY = "configs/tiny_dynamic_rubric.py"
@@ -35,27 +38,75 @@ def model():
     return jaxrubric.init_model(jaxrubric.tiny_config("qwen3"), seed=5)
 
 
-def test_micro_batched_sampling_draws_the_same_samples(model):
+@pytest.fixture(scope="module")
+def grammar_model():
+    """A rubric grammar over the tiny BPE vocabulary and a model over it."""
+    tok = tiny_tokenizer()
+    grammar = gr.build_rubric_grammar(tok, weights=range(1, 4), max_items=2, max_item_tokens=3)
+    return grammar, jaxrubric.init_model(tiny_model_config(tok), seed=5)
+
+
+# Every way a row's distribution is set: the model's own (T = 1, one log-softmax), tempered,
+# top-k, top-p, and the rubric grammar; each with its stop tokens (rows stop at different steps).
+SAMPLING_CASES = {
+    "model distribution": dict(temperature=1.0),
+    "tempered top-k": dict(temperature=0.7, top_k=20),
+    "top-p": dict(temperature=1.0, top_p=0.95),
+    "grammar": dict(temperature=1.0),
+}
+
+
+def _sampling_case(name, model, grammar_model):
+    """(model, prompts [8, 6], mask, lengths, `sampling.sample` keywords) of one case."""
+    kwargs = dict(SAMPLING_CASES[name], num_samples=2, stop_token_ids=tuple(range(40, 80)))
+    if name == "grammar":
+        kwargs["grammar"], model = grammar_model
+        kwargs["stop_token_ids"] = ()  # as in the round: the grammar ends each rubric
     rng = np.random.default_rng(0)
-    lengths = jnp.asarray([6, 3, 5, 2])
+    lengths = jnp.asarray([6, 3, 5, 2, 4, 6, 1, 3])
     mask = jnp.arange(6)[None] >= 6 - lengths[:, None]
-    tokens = jnp.where(mask, jnp.asarray(rng.integers(3, 257, (4, 6))), 2)
+    tokens = jnp.where(mask, jnp.asarray(rng.integers(3, 257, (8, 6))), 2)
+    return model, tokens, mask, lengths, kwargs
 
-    @nnx.jit(static_argnums=1)
-    def draw(model, micro_batches):
-        return sampling.sample(model, tokens, mask, lengths, jax.random.key(3), num_samples=2,
-                               max_new_tokens=6, temperature=1.0, top_p=0.95,
-                               stop_token_ids=(1, 40, 41, 42), micro_batches=micro_batches)
 
-    results = {n: draw(model, n) for n in (1, 2, 4)}
-    want = results[1]
+@pytest.mark.parametrize("case", SAMPLING_CASES)
+def test_micro_batched_sampling_draws_the_same_samples(case, model, grammar_model):
+    """Each row keeps its own key: the same tokens whole, in 2 or 4 micro-batches, and in
+    micro-batches on the 8-device mesh with the rows and weights sharded."""
+    model, tokens, mask, lengths, kwargs = _sampling_case(case, model, grammar_model)
+    max_new = kwargs["grammar"].max_rubric_tokens if case == "grammar" else 6
+
+    @nnx.jit(static_argnums=4)
+    def draw(model, tokens, mask, lengths, micro_batches):
+        return sampling.sample(model, tokens, mask, lengths, jax.random.key(3),
+                               max_new_tokens=max_new, micro_batches=micro_batches, **kwargs)
+
+    results = {n: draw(model, tokens, mask, lengths, n) for n in (1, 2, 4)}
+    mesh = shd.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    sharded = shd.shard_model(nnx.clone(model), mesh, shd.SAMPLING_RULES)
+    rows = [jax.device_put(x, shd.batch_sharding(mesh, x.ndim)) for x in (tokens, mask, lengths)]
+    results["mesh"] = draw(sharded, *rows, 2)
+    want = results.pop(1)
     assert len(set(np.asarray(want.lengths).ravel().tolist())) > 1  # some rows stop early
-    for n in (2, 4):
-        got = results[n]
+    for n, got in results.items():
         for field in ("tokens", "lengths", "finished"):
-            np.testing.assert_array_equal(getattr(got, field), getattr(want, field))
+            np.testing.assert_array_equal(getattr(got, field), getattr(want, field), err_msg=n)
         for field in ("logprobs", "sampling_logprobs"):
-            np.testing.assert_allclose(getattr(got, field), getattr(want, field), atol=1e-5)
+            np.testing.assert_allclose(getattr(got, field), getattr(want, field), atol=1e-5,
+                                       err_msg=f"{n} {field}")
+
+
+def test_a_micro_batch_draws_only_its_own_rows_noise(model):
+    """Every decode step of a micro-batch draws `[rows / n, V]` random bits, never the whole
+    batch's."""
+    tokens = jnp.full((8, 6), 5)
+    graphdef, state = nnx.split(model)
+    for n in (1, 4):
+        jaxpr = jax.make_jaxpr(lambda state, n=n: sampling.sample(
+            nnx.merge(graphdef, state), tokens, tokens > 0, jnp.full((8,), 6),
+            jax.random.key(0), num_samples=2, max_new_tokens=4, micro_batches=n))(state)
+        shapes = set(re.findall(r":u32\[([\d,]+)\] = random_bits", str(jaxpr)))
+        assert shapes == {f"{16 // n},{model.config.padded_vocab_size}"}, (n, shapes)
 
 
 def test_micro_batched_verification_gives_the_same_verdicts(model):

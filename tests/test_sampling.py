@@ -17,9 +17,15 @@ PROMPTS = [[5, 6, 7, 8, 9], [10, 11, 12], [13, 14, 15, 16, 17, 18, 19, 20, 21], 
 
 
 @pytest.fixture(scope="module", params=["qwen3", "llama"])
-def pair(request, tmp_path_factory):
+def checkpoint(request, tmp_path_factory):
+    """A random transformers model and the folder it is saved in."""
     hf = make_hf_model(request.param, seed=1)
-    folder = save_hf_model(hf, tmp_path_factory.mktemp(request.param))
+    return hf, save_hf_model(hf, tmp_path_factory.mktemp(request.param))
+
+
+@pytest.fixture(scope="module")
+def pair(checkpoint):
+    hf, folder = checkpoint
     return hf, jaxrubric.load_pretrained(folder)
 
 
@@ -42,18 +48,36 @@ def _teacher_forced_logprobs(model, prompt, completion):
                                                           np.asarray(completion)])
 
 
-def test_logprobs_equal_teacher_forcing(pair):
+@pytest.mark.parametrize("temperature, top_k", [(1.3, 50), (1.0, None)])
+def test_logprobs_equal_teacher_forcing(pair, temperature, top_k):
     _, model = pair
     out = sampling.generate(model, PROMPTS[:3], num_samples=2, max_new_tokens=8,
-                            temperature=1.3, top_k=50, rng=jax.random.key(1))
+                            temperature=temperature, top_k=top_k, rng=jax.random.key(1))
     for i, prompt in enumerate(PROMPTS[:3]):
         for k in range(2):
             n = int(out.lengths[i, k])
             completion = np.asarray(out.tokens[i, k, :n])
             ref = _teacher_forced_logprobs(model, prompt, completion)
             np.testing.assert_allclose(np.asarray(out.logprobs[i, k, :n]), ref, atol=1e-5)
-            # The sampling log-prob is that of the tempered, top-k distribution: different.
-            assert not np.allclose(np.asarray(out.sampling_logprobs[i, k, :n]), ref)
+            sampled = np.asarray(out.sampling_logprobs[i, k, :n])
+            if top_k is None:  # sampled from the model itself: one log-softmax serves both
+                np.testing.assert_array_equal(sampled, np.asarray(out.logprobs[i, k, :n]))
+            else:  # the tempered, top-k distribution's: different
+                assert not np.allclose(sampled, ref)
+
+
+def test_the_model_distribution_path_equals_the_filtered_path(pair):
+    """At temperature 1 without filters the sampler skips filtering and the second
+    log-softmax; over the same distribution (top-k = the whole vocabulary) the general path
+    samples the same tokens with the same log-probs."""
+    _, model = pair
+    kwargs = dict(num_samples=3, max_new_tokens=8, temperature=1.0, rng=jax.random.key(4))
+    plain = sampling.generate(model, PROMPTS, **kwargs)
+    general = sampling.generate(model, PROMPTS, top_k=model.config.vocab_size, **kwargs)
+    np.testing.assert_array_equal(np.asarray(plain.tokens), np.asarray(general.tokens))
+    for field in ("logprobs", "sampling_logprobs"):
+        np.testing.assert_allclose(np.asarray(getattr(plain, field)),
+                                   np.asarray(getattr(general, field)), atol=1e-6)
 
 
 def test_top_k_one_is_greedy(pair):
@@ -71,6 +95,9 @@ def test_same_rng_same_samples_and_padding_invariance(pair):
     a = sampling.generate(model, PROMPTS, **kwargs)
     b = sampling.generate(model, PROMPTS, **kwargs)
     np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+    # A row's key is its own: its samples do not depend on how many rows follow it.
+    first = sampling.generate(model, PROMPTS[:2], **kwargs)
+    np.testing.assert_array_equal(np.asarray(first.tokens), np.asarray(a.tokens[:2]))
     alone = sampling.generate(model, [PROMPTS[1]], max_new_tokens=7, temperature=0.0,
                               stop_token_ids=[], rng=jax.random.key(0))
     batch = sampling.generate(model, PROMPTS, max_new_tokens=7, temperature=0.0,
@@ -162,6 +189,24 @@ def test_sharded_run_equals_single_device(pair):
     np.testing.assert_array_equal(np.asarray(sharded.tokens), np.asarray(single.tokens[:3]))
     np.testing.assert_allclose(np.asarray(sharded.logprobs), np.asarray(single.logprobs[:3]),
                                atol=1e-5)
+
+
+def test_padded_vocabulary_samples_the_same(checkpoint):
+    """Loaded for an 8-way tensor axis, the 300-token vocabulary is padded to 304: every real
+    token still gets the noise it gets unpadded, so the samples are the same."""
+    _, folder = checkpoint
+    mesh = shd.make_mesh({"data": 1, "fsdp": 1, "tensor": 8})
+    padded = jaxrubric.load_pretrained(folder, mesh=mesh)
+    model = jaxrubric.load_pretrained(folder)
+    assert (model.config.padded_vocab_size, padded.config.padded_vocab_size) == (300, 304)
+    kwargs = dict(max_new_tokens=6, temperature=0.8, top_p=0.9, num_samples=2,
+                  rng=jax.random.key(8))
+    want = sampling.generate(model, PROMPTS, **kwargs)
+    got = sampling.generate(padded, PROMPTS, mesh=mesh, **kwargs)
+    np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
+    for field in ("logprobs", "sampling_logprobs"):
+        np.testing.assert_allclose(np.asarray(getattr(got, field)),
+                                   np.asarray(getattr(want, field)), atol=1e-5)
 
 
 def test_lengths_in_one_bucket_compile_once(pair):
