@@ -5,7 +5,7 @@ unconstrained) distribution: `SampleResult.logprobs` is exactly what a teacher-f
 gives at the sampled tokens. The log-probabilities under the distribution actually sampled from
 (temperature, top-k, top-p, grammar mask) are returned too.
 
-Row `r` of a batch (prompt `r // K`, sample `r % K`) draws its step-`s` noise from
+Row `r` of a batch (prompt `r // K`, sample `r % K`) draws its step-`s` uniform from
 `fold_in(fold_in(rng, r), s)` alone, so a row samples the same tokens whatever else is in its
 batch: alone, in a micro-batch (each draws only its own rows' noise) or sharded over a mesh.
 
@@ -106,6 +106,43 @@ def _logprob_at(logits: jax.Array, token: jax.Array) -> jax.Array:
     return (jnp.take_along_axis(logits, token[:, None], axis=-1)[:, 0] - peak) - log_total
 
 
+CDF_BLOCK = 128  # tokens per block of the two-level prefix sum in `inverse_cdf_sample`
+
+
+def inverse_cdf_sample(logits: jax.Array, uniform: jax.Array) -> jax.Array:
+    """The token of each row `logits [rows, V]` whose interval of the cumulative distribution
+    of `softmax(logits)` (vocabulary order) holds `uniform [rows]` (in [0, 1)).
+
+    One uniform per row instead of one Gumbel draw per vocabulary entry: with Gumbel-max noise,
+    sampling at temperature 1 ran at half the speed of greedy decoding on a CPU (a 4-layer
+    model, vocabulary 8192, 64 rows); with this, at the same speed. The prefix sum is taken in
+    two levels (the sums of blocks of `CDF_BLOCK` tokens, then the chosen block's tokens), so
+    no prefix sum runs along the whole vocabulary. A token of zero probability (filtered,
+    grammar-masked, vocabulary padding) is never returned, whatever the rounding.
+    """
+    rows, vocab = logits.shape
+    block = min(CDF_BLOCK, vocab)
+    logits = logits.astype(jnp.float32)
+    weights = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))
+    blocks = jnp.pad(weights, ((0, 0), (0, -vocab % block))).reshape(rows, -1, block)
+    mass = jnp.sum(blocks, axis=-1)  # [rows, blocks]
+    end = jnp.cumsum(mass, axis=-1)
+    target = uniform * end[:, -1]
+
+    def first_past(cumulative: jax.Array, weight: jax.Array) -> jax.Array:
+        """The first index whose cumulative sum passes the target and that has mass; the last
+        index with mass when rounding leaves the target past them all."""
+        hit = (cumulative > target[:, None]) & (weight > 0)
+        last = weight.shape[-1] - 1 - jnp.argmax(weight[:, ::-1] > 0, axis=-1)
+        return jnp.where(jnp.any(hit, axis=-1), jnp.argmax(hit, axis=-1), last)
+
+    b = first_past(end, mass)
+    chosen = jnp.take_along_axis(blocks, b[:, None, None], axis=1)[:, 0]  # [rows, block]
+    start = jnp.take_along_axis(end - mass, b[:, None], axis=1)
+    j = first_past(start + jnp.cumsum(chosen, axis=-1), chosen)
+    return (b * block + j).astype(jnp.int32)
+
+
 def _sample_step(logits: jax.Array, keys: jax.Array, temperature: jax.Array, top_p: jax.Array,
                  params: SamplingParams, grammar: Any, g_state: jax.Array
                  ) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -120,12 +157,10 @@ def _sample_step(logits: jax.Array, keys: jax.Array, temperature: jax.Array, top
     if not params.untouched:
         sampled = filter_logits(sampled, temperature, params.top_k,
                                 top_p if params.use_top_p else None)
-    # Gumbel-max, each row's noise drawn `[V]` from its own key, already in the `[rows, V]`
-    # layout it is added in. A draw is prefix-stable (threefry counts the elements), so every
-    # real token gets the same noise whatever padding the vocabulary has (a multiple of the
-    # tensor axis), and a row samples the same tokens on any mesh.
-    noise = jax.vmap(lambda key: jax.random.gumbel(key, sampled.shape[1:], sampled.dtype))(keys)
-    token = jnp.argmax(sampled + noise, axis=-1).astype(jnp.int32)
+    # One uniform per row from the row's own key: a row samples the same tokens whatever else
+    # is in its batch, and padding the vocabulary (zero mass at its end) changes nothing.
+    uniform = jax.vmap(lambda key: jax.random.uniform(key, (), jnp.float32))(keys)
+    token = inverse_cdf_sample(sampled, uniform)
     logp = _logprob_at(logits, token)
     sample_logp = logp if params.untouched else _logprob_at(sampled, token)
     return token, logp, sample_logp

@@ -192,8 +192,9 @@ def test_sharded_run_equals_single_device(pair):
 
 
 def test_padded_vocabulary_samples_the_same(checkpoint):
-    """Loaded for an 8-way tensor axis, the 300-token vocabulary is padded to 304: every real
-    token still gets the noise it gets unpadded, so the samples are the same."""
+    """Loaded for an 8-way tensor axis, the 300-token vocabulary is padded to 304: the padding
+    is zero mass at the end of each row's cumulative distribution, so the samples are the
+    same."""
     _, folder = checkpoint
     mesh = shd.make_mesh({"data": 1, "fsdp": 1, "tensor": 8})
     padded = jaxrubric.load_pretrained(folder, mesh=mesh)
