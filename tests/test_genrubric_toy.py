@@ -156,6 +156,19 @@ def test_method_picks_a_toy_world_and_is_refused_with_a_config(tmp_path):
         gw.GenRubricWorldConfig(runs=("evolving", "frozen"))
 
 
+def test_run_config_carries_the_worlds_sampling_and_advantage_defaults(tmp_path):
+    cfg = gw.GenRubricWorldConfig()
+    paths = gw.write_data(tmp_path, gw.GenRubricWorldConfig(eval_queries=2))
+    for name in gw.RUNS:
+        c = gw.run_config(name, tmp_path, paths, cfg).round
+        assert (c.generator_temperature, c.policy_temperature, c.advantage_mode) == (
+            cfg.generator_temperature, cfg.policy_temperature, cfg.advantage_mode)
+        assert c.shuffle_generator_credit == (name == "control")
+    # A study's round override still wins over the world's own keys.
+    over = gw.GenRubricWorldConfig(round_overrides=(("generator_temperature", 1.0),))
+    assert gw.run_config("evolving", tmp_path, paths, over).round.generator_temperature == 1.0
+
+
 def test_train_method_genrubric_runs_the_genrubric_world(tmp_path, monkeypatch):
     from jaxrubric.cli import main
 
