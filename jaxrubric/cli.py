@@ -154,12 +154,13 @@ def _toy_world(args: argparse.Namespace, overrides: Sequence[str]) -> int:
     or GenRubric's)."""
     if overrides:
         raise SystemExit("--config.KEY=VALUE overrides need --config; the toy world takes "
-                         "--method, --seed and --rounds")
+                         "--method, --seed, --rounds and --jobs")
     rounds = {"rounds": args.rounds} if args.rounds else {}
+    jobs = {"jobs": args.jobs} if args.jobs else {}
     module, config_class, runner, workdir = TOY_WORLDS[args.method or "dynamic_rubric"]
     world = importlib.import_module(module)  # imported on use: it pulls in matplotlib & co
     getattr(world, runner)(args.workdir or workdir,
-                           getattr(world, config_class)(seed=args.seed, **rounds))
+                           getattr(world, config_class)(seed=args.seed, **rounds), **jobs)
     return 0
 
 
@@ -232,6 +233,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--seed", type=int, default=0, help="toy world only")
     train.add_argument("--rounds", type=int, default=0,
                        help="toy world only: rounds of each compared run (0: the default)")
+    train.add_argument("--jobs", type=int, default=0,
+                       help="toy world only: its stages run side by side in this many "
+                            "processes (0: one per core, at most 4; 1: one after another "
+                            "in this process). The results are the same")
     train.add_argument("--no-fallback", action="store_true",
                        help="stop when the newest checkpoint is damaged (default: report it, "
                             "move it aside and resume from the newest good one)")

@@ -173,7 +173,8 @@ def test_train_method_genrubric_runs_the_genrubric_world(tmp_path, monkeypatch):
     from jaxrubric.cli import main
 
     calls = []
-    monkeypatch.setattr(gw, "run_genrubric_world", lambda workdir, cfg: calls.append((workdir, cfg)))
+    monkeypatch.setattr(gw, "run_genrubric_world",
+                        lambda workdir, cfg, jobs=None: calls.append((workdir, cfg)))
     assert main(["train", "--method", "genrubric", "--seed", "3", "--rounds", "7",
                  "--workdir", str(tmp_path)]) == 0
     assert calls == [(str(tmp_path), gw.GenRubricWorldConfig(seed=3, rounds=7))]
@@ -226,4 +227,4 @@ def test_the_world_runs_end_to_end_and_its_summary_recomputes_the_logged_agreeme
     assert (workdir / "agreement.png").stat().st_size > 1000
     assert set(json.loads((workdir / "timings.json").read_text())) == {
         "warm start: verifier", "warm start: policy", "warm start: generator_cold",
-        "run: evolving", "run: control"}
+        "rubric following", "run: evolving", "run: control", "world"}

@@ -39,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,7 @@ from jaxrubric.eval.metrics import AGREEMENT_METRICS, agreement_metrics
 from jaxrubric.rubric import templates as tpl
 from jaxrubric.toy import digits_task as task
 from jaxrubric.toy import signed_rubrics as sr
+from jaxrubric.toy import stages as stages_lib
 from jaxrubric.toy import world
 from jaxrubric.train import EVAL_SCORES
 
@@ -426,21 +428,48 @@ def plot(summary: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def run_genrubric_world(workdir: str | Path, cfg: GenRubricWorldConfig = GenRubricWorldConfig()
-                        ) -> dict[str, Any]:
-    """The whole GenRubric world (see the module docstring); returns the summary."""
-    workdir, tokenizer = world.prepare_workdir(workdir, cfg)
-    paths = write_data(workdir, cfg)
-    mesh = shd.make_mesh({"fsdp": -1})
-    timings = world.StageTimer(workdir / "timings.json")
-    for role in ("verifier", "policy", "generator_cold"):
-        with timings.stage(f"warm start: {role}"):
-            warm_start(role, workdir, tokenizer, mesh, cfg)
+def _warm_start_stage(workdir: Path, cfg: GenRubricWorldConfig, role: str) -> None:
+    warm_start(role, workdir, world.use_workdir(workdir), shd.make_mesh({"fsdp": -1}), cfg)
+
+
+def _following_stage(workdir: Path, cfg: GenRubricWorldConfig) -> None:
+    world.use_workdir(workdir)
     following = workdir / "rubric_following.json"
     if not following.exists():
         following.write_text(json.dumps(rubric_following(workdir, cfg), indent=1))
     print(f"rubric following of the answerer: {following.read_text()}", flush=True)
-    for name in cfg.runs:
-        with timings.stage(f"run: {name}"):
-            world.train_toy_run(name, workdir, run_config(name, workdir, paths, cfg))
+
+
+def _run_stage(workdir: Path, cfg: GenRubricWorldConfig, name: str) -> None:
+    world.use_workdir(workdir)
+    world.train_toy_run(name, workdir, run_config(name, workdir, write_data(workdir, cfg), cfg))
+
+
+def world_stages(workdir: Path, cfg: GenRubricWorldConfig) -> list[stages_lib.Stage]:
+    """The world's stages in a serial order, each with what it reads: three warm starts, the
+    answerer's rubric-following check, then the compared runs (each reads all three roles)."""
+    Stage = stages_lib.Stage
+    roles = ("verifier", "policy", "generator_cold")
+    graph = [Stage(f"warm start: {role}", _warm_start_stage, (workdir, cfg, role))
+             for role in roles]
+    graph.append(Stage("rubric following", _following_stage, (workdir, cfg),
+                       ("warm start: policy",)))
+    graph += [Stage(f"run: {name}", _run_stage, (workdir, cfg, name),
+                    tuple(f"warm start: {role}" for role in roles))
+              for name in cfg.runs]
+    return graph
+
+
+def run_genrubric_world(workdir: str | Path, cfg: GenRubricWorldConfig = GenRubricWorldConfig(),
+                        jobs: int | None = None) -> dict[str, Any]:
+    """The whole GenRubric world (see the module docstring), its stages in `jobs` worker
+    processes (`stages.default_jobs()`; 1 runs them here, in order); returns the summary. The
+    results do not depend on `jobs`."""
+    workdir, _ = world.prepare_workdir(workdir, cfg)
+    write_data(workdir, cfg)
+    timings = world.StageTimer(workdir / "timings.json")
+    start = time.perf_counter()
+    stages_lib.run_stages(world_stages(workdir, cfg), timings,
+                          stages_lib.default_jobs() if jobs is None else jobs, workdir / "logs")
+    timings.record("world", time.perf_counter() - start)
     return summarize(workdir, cfg)

@@ -51,6 +51,7 @@ from jaxrubric import sharding as shd
 from jaxrubric.config import base_config, check_config
 from jaxrubric.rubric import templates as tpl
 from jaxrubric.toy import digits_task as task
+from jaxrubric.toy import stages as stages_lib
 from jaxrubric.train_loop import read_eval_history
 
 RUNS = ("coevolve", "frozen", "static", "oracle")
@@ -131,7 +132,10 @@ class StageTimer:
     def stage(self, name: str) -> Iterator[None]:
         start = time.perf_counter()
         yield
-        self.seconds[name] = round(time.perf_counter() - start, 1)
+        self.record(name, time.perf_counter() - start)
+
+    def record(self, name: str, seconds: float) -> None:
+        self.seconds[name] = round(seconds, 1)
         self.path.write_text(json.dumps(self.seconds, indent=1))
         print(f"time: {name} {self.seconds[name]:.1f} s", flush=True)
 
@@ -416,10 +420,6 @@ def run_config(name: str, workdir: Path, paths: dict[str, Path], cfg: ToyWorldCo
     c.data.policy_tokens = 16
     c.data.num_anchors = cfg.num_anchors
     c.round.num_responses = cfg.num_responses
-    # The README's figures were measured with unshared updates; sharing gives the same
-    # updates up to float rounding, which changes later samples, so turning it on needs a
-    # re-measure.
-    c.round.share_prefix = False
     # The policy is scored by the group the generator's reward ranks first: with the mean over
     # all groups, the policy learned to please the unsound items of the weaker groups.
     c.round.policy_score = cfg.policy_score
@@ -532,37 +532,73 @@ def plot(summary: dict[str, Any], path: Path, runs: tuple[str, ...]) -> None:
 
 
 def prepare_workdir(workdir: str | Path, cfg: Any) -> tuple[Path, Any]:
-    """A world's workdir made (absolute), its compilation cache on, its config (a dataclass)
-    saved, and the toy tokenizer built there once: returns the workdir and the tokenizer."""
+    """A world's workdir made (absolute), its config (a dataclass) saved, and the toy tokenizer
+    built there once; then `use_workdir`: returns the workdir and the tokenizer."""
     workdir = Path(workdir).absolute()
     workdir.mkdir(parents=True, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", str(workdir / "jax_cache"))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
     (workdir / "toy_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
     if not (workdir / "tokenizer" / "tokenizer.json").exists():
         task.build_tokenizer(workdir / "tokenizer")
-    return workdir, jaxrubric.load_tokenizer(workdir / "tokenizer")
+    return workdir, use_workdir(workdir)
 
 
-def run_toy_world(workdir: str | Path, cfg: ToyWorldConfig = ToyWorldConfig()) -> dict[str, Any]:
-    """The whole toy world (see the module docstring); returns the summary."""
-    workdir, tokenizer = prepare_workdir(workdir, cfg)
-    paths = write_data(workdir, cfg)
-    mesh = shd.make_mesh({"fsdp": -1})
+def use_workdir(workdir: Path) -> Any:
+    """This process's JAX compilation cache turned on in the workdir (shared by the world's
+    processes: a program compiled by one stage is read by the next), and the toy tokenizer."""
+    jax.config.update("jax_compilation_cache_dir", str(workdir / "jax_cache"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+    return jaxrubric.load_tokenizer(workdir / "tokenizer")
+
+
+def _warm_start_stage(workdir: Path, cfg: ToyWorldConfig, role: str) -> None:
+    warm_start(role, workdir, use_workdir(workdir), shd.make_mesh({"fsdp": -1}), cfg)
+
+
+def _generator_stage(workdir: Path, cfg: ToyWorldConfig, static: bool) -> None:
+    use_workdir(workdir)
+    trained_generator(workdir, write_data(workdir, cfg), cfg, static=static)
+
+
+def _run_stage(workdir: Path, cfg: ToyWorldConfig, name: str) -> None:
+    use_workdir(workdir)
+    static = name in STATIC_RUNS
+    _train_run(name, workdir, write_data(workdir, cfg), cfg,
+               workdir / "models" / ("generator_static" if static else "generator"))
+
+
+def world_stages(workdir: Path, cfg: ToyWorldConfig) -> list[stages_lib.Stage]:
+    """The world's stages in a serial order, each with what it reads: the warm starts, the
+    generators' own rounds (each against the warm-started policy, judged by the verifier),
+    then the compared runs, each from its generator's rounds."""
+    Stage = stages_lib.Stage
     static = any(name in STATIC_RUNS for name in cfg.runs)
-    timings = StageTimer(workdir / "timings.json")
-    for role in ("verifier", "policy", "generator_cold", *(("generator_cold_static",) if static
-                                                            else ())):
-        with timings.stage(f"warm start: {role}"):
-            warm_start(role, workdir, tokenizer, mesh, cfg)
-    with timings.stage("generator rounds"):
-        generators = {False: trained_generator(workdir, paths, cfg)}
+    colds = ("generator_cold", *(("generator_cold_static",) if static else ()))
+    graph = [Stage(f"warm start: {role}", _warm_start_stage, (workdir, cfg, role))
+             for role in ("verifier", "policy", *colds)]
+    judged = ("warm start: verifier", "warm start: policy")
+    graph.append(Stage("generator rounds", _generator_stage, (workdir, cfg, False),
+                       (*judged, "warm start: generator_cold")))
     if static:
-        with timings.stage("generator rounds: static"):
-            generators[True] = trained_generator(workdir, paths, cfg, static=True)
-    for name in cfg.runs:
-        with timings.stage(f"run: {name}"):
-            _train_run(name, workdir, paths, cfg, generators[name in STATIC_RUNS])
+        graph.append(Stage("generator rounds: static", _generator_stage, (workdir, cfg, True),
+                           (*judged, "warm start: generator_cold_static")))
+    graph += [Stage(f"run: {name}", _run_stage, (workdir, cfg, name),
+                    ("generator rounds: static" if name in STATIC_RUNS else "generator rounds",))
+              for name in cfg.runs]
+    return graph
+
+
+def run_toy_world(workdir: str | Path, cfg: ToyWorldConfig = ToyWorldConfig(),
+                  jobs: int | None = None) -> dict[str, Any]:
+    """The whole toy world (see the module docstring), its stages in `jobs` worker processes
+    (`stages.default_jobs()`: one per core, at most 4; 1 runs them here, in order); returns
+    the summary. The results do not depend on `jobs`."""
+    workdir, _ = prepare_workdir(workdir, cfg)
+    write_data(workdir, cfg)
+    timings = StageTimer(workdir / "timings.json")
+    start = time.perf_counter()
+    stages_lib.run_stages(world_stages(workdir, cfg), timings,
+                          stages_lib.default_jobs() if jobs is None else jobs, workdir / "logs")
+    timings.record("world", time.perf_counter() - start)
     return summarize(workdir, cfg)
 
 

@@ -1,0 +1,129 @@
+"""The toy worlds' stage runner: dependencies respected in worker processes, errors and
+SIGTERM reach the caller, workers' output goes to the stage logs."""
+
+from __future__ import annotations
+
+import builtins
+import os
+import shutil
+import signal
+import threading
+import time
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+
+import pytest
+
+from jaxrubric.toy import stages
+from jaxrubric.toy.stages import Stage
+
+
+class Timer:
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    def record(self, name, seconds):
+        self.seconds[name] = seconds
+
+
+def _chain(tmp_path: Path) -> list[Stage]:
+    a, b, c, d = (tmp_path / n for n in "abcd")
+    return [Stage("a", Path.write_text, (a, "a")),
+            Stage("slow", time.sleep, (1.0,)),
+            Stage("b", shutil.copyfile, (a, b), after=("a",)),
+            Stage("c", shutil.copyfile, (b, c), after=("b", "slow")),
+            Stage("d", Path.write_text, (d, "d"))]
+
+
+@pytest.mark.parametrize("jobs", [1, 3])
+def test_every_stage_runs_once_after_what_it_reads(tmp_path, jobs):
+    """`c` copies what `b` copied from `a`: it fails unless each ran after its dependency."""
+    timer = Timer()
+    stages.run_stages(_chain(tmp_path), timer, jobs, tmp_path / "logs")
+    assert (tmp_path / "c").read_text() == "a" and (tmp_path / "d").read_text() == "d"
+    assert set(timer.seconds) == {"a", "slow", "b", "c", "d"}
+    assert timer.seconds["slow"] >= 1.0
+
+
+def test_a_stage_error_is_raised_here(tmp_path):
+    graph = [Stage("copy", shutil.copyfile, (tmp_path / "missing", tmp_path / "x")),
+             Stage("after", Path.write_text, (tmp_path / "never", "x"), after=("copy",))]
+    with pytest.raises(FileNotFoundError):
+        stages.run_stages(graph, Timer(), 2, tmp_path / "logs")
+    assert not (tmp_path / "never").exists()
+
+
+def test_workers_output_goes_to_the_stage_log(tmp_path, capfd):
+    graph = [Stage("say: hello", builtins.print, ("hello from a worker",)),
+             Stage("say: bye", builtins.print, ("bye",), after=("say: hello",))]
+    stages.run_stages(graph, Timer(), 2, tmp_path / "logs")
+    assert "hello from a worker" in (tmp_path / "logs" / "say_hello.log").read_text()
+    printed = capfd.readouterr().out
+    assert "hello from a worker" not in printed and "start: say: hello" in printed
+
+
+def test_sigterm_reaches_the_workers(tmp_path):
+    """A worker's default SIGTERM action ends it, so the pool breaks at once instead of
+    sleeping out the stage."""
+    killer = threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGTERM))
+    start = time.perf_counter()
+    killer.start()
+    try:
+        with pytest.raises(BrokenProcessPool):
+            stages.run_stages([Stage("sleep", time.sleep, (60.0,))], Timer(), 2,
+                              tmp_path / "logs")
+    finally:
+        killer.cancel()
+    assert time.perf_counter() - start < 30
+    assert signal.getsignal(signal.SIGTERM) is not None  # the handler was put back
+
+
+@pytest.mark.parametrize("graph, message", [
+    ([Stage("a", print, ()), Stage("a", print, ())], "appears twice"),
+    ([Stage("b", print, (), after=("a",)), Stage("a", print, ())], "not earlier stages"),
+])
+def test_a_bad_graph_is_named(graph, message):
+    with pytest.raises(ValueError, match=message):
+        stages.check_graph(graph)
+
+
+def test_the_toy_worlds_graph(tmp_path):
+    from jaxrubric.toy import world
+
+    graph = world.world_stages(tmp_path, world.ToyWorldConfig())
+    stages.check_graph(graph)
+    after = {s.name: s.after for s in graph}
+    assert after["run: static"] == ("generator rounds: static",)
+    assert after["run: coevolve"] == after["run: frozen"] == ("generator rounds",)
+    assert "warm start: generator_cold" in after["generator rounds"]
+    no_static = world.world_stages(tmp_path, world.ToyWorldConfig(runs=("coevolve",)))
+    assert [s.name for s in no_static] == [
+        "warm start: verifier", "warm start: policy", "warm start: generator_cold",
+        "generator rounds", "run: coevolve"]
+
+
+def test_train_passes_jobs_to_the_toy_world(tmp_path, monkeypatch):
+    from jaxrubric.cli import main
+    from jaxrubric.toy import genrubric_world, world
+
+    calls = []
+    monkeypatch.setattr(world, "run_toy_world",
+                        lambda workdir, cfg, jobs=None: calls.append((cfg.seed, jobs)))
+    monkeypatch.setattr(genrubric_world, "run_genrubric_world",
+                        lambda workdir, cfg, jobs=None: calls.append(("genrubric", jobs)))
+    assert main(["train", "--jobs", "1", "--seed", "2", "--workdir", str(tmp_path)]) == 0
+    assert main(["train", "--workdir", str(tmp_path)]) == 0
+    assert main(["train", "--method", "genrubric", "--jobs", "3",
+                 "--workdir", str(tmp_path)]) == 0
+    assert calls == [(2, 1), (0, None), ("genrubric", 3)]
+
+
+def test_the_genrubric_worlds_graph(tmp_path):
+    from jaxrubric.toy import genrubric_world as gw
+
+    graph = gw.world_stages(tmp_path, gw.GenRubricWorldConfig())
+    stages.check_graph(graph)
+    after = {s.name: s.after for s in graph}
+    assert after["rubric following"] == ("warm start: policy",)
+    assert set(after["run: control"]) == {"warm start: verifier", "warm start: policy",
+                                          "warm start: generator_cold"}
