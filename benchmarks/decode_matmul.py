@@ -60,11 +60,16 @@ def matmul_only_decode(hidden: int, mlp: int, layers: int, rows: int, out_in: bo
     return loop, (jnp.ones((rows, hidden), jnp.float32), weights)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=20)
-    args = parser.parse_args()
+def matmul_only_seconds_per_token(hidden: int, mlp: int, layers: int, rows: int,
+                                  repeats: int, out_in: bool = False) -> float:
+    """Best seconds per generated token (one row, one step) of `matmul_only_decode`: the
+    ceiling on a sampler's per-token time for this model and batch of `rows`."""
+    loop, loop_args = matmul_only_decode(hidden, mlp, layers, rows, out_in)
+    return best_time(loop, loop_args, repeats) / (rows * NEW_TOKENS)
+
+
+def layouts_table(rows: int, repeats: int) -> list[str]:
+    """Table 1: weight GB/s of one `rows`-row matmul per layout, and of a plain reduction."""
     rng = np.random.default_rng(0)
     layouts = {
         "x @ W (W [K, N])": (jax.jit(lambda x, w: x @ w), False),
@@ -72,31 +77,44 @@ def main() -> None:
         "(W @ x.T).T (W [N, K])": (jax.jit(lambda x, w: (w @ x.T).T), True),
     }
     read = jax.jit(lambda w: w.sum())
-    print(f"{jax.devices()[0].platform}, {args.rows} rows, fp32, best of {args.repeats}; "
-          "GB/s of weights\n")
-    print("| K x N | MB | " + " | ".join(layouts) + " | reduction (memory) |")
-    print("|---|---:|" + "---:|" * (len(layouts) + 1))
+    lines = ["| K x N | MB | " + " | ".join(layouts) + " | reduction (memory) |",
+             "|---|---:|" + "---:|" * (len(layouts) + 1)]
     for k, n in SHAPES:
-        x = jnp.asarray(rng.normal(size=(args.rows, k)), jnp.float32)
+        x = jnp.asarray(rng.normal(size=(rows, k)), jnp.float32)
         w = jnp.asarray(rng.normal(size=(k, n)), jnp.float32)
         wt = jnp.asarray(np.asarray(w).T.copy())
         cells = []
         for fn, transposed in layouts.values():
-            seconds = best_time(fn, (x, wt if transposed else w), args.repeats)
+            seconds = best_time(fn, (x, wt if transposed else w), repeats)
             cells.append(f"{w.nbytes / seconds / 1e9:.1f}")
-        cells.append(f"{w.nbytes / best_time(read, (w,), args.repeats) / 1e9:.1f}")
-        print(f"| {k} x {n} | {w.nbytes / 1e6:.1f} | " + " | ".join(cells) + " |")
+        cells.append(f"{w.nbytes / best_time(read, (w,), repeats) / 1e9:.1f}")
+        lines.append(f"| {k} x {n} | {w.nbytes / 1e6:.1f} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def ceiling_table(rows: int, repeats: int, models=MODELS) -> list[str]:
+    """Table 2: matmul-only decode tokens/s of `models` in both weight layouts."""
+    lines = ["| model | weights [in, out] (jaxrubric) | weights [out, in] (PyTorch's layout) |",
+             "|---|---:|---:|"]
+    for hidden, mlp, layers in models:
+        seconds = [matmul_only_seconds_per_token(hidden, mlp, layers, rows, repeats, out_in)
+                   for out_in in (False, True)]
+        cells = [f"{1 / s:.0f}" for s in seconds]
+        lines.append(f"| hidden {hidden}, {layers} layers | " + " | ".join(cells) + " |")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=20)
+    args = parser.parse_args()
+    print(f"{jax.devices()[0].platform}, {args.rows} rows, fp32, best of {args.repeats}; "
+          "GB/s of weights\n")
+    print("\n".join(layouts_table(args.rows, args.repeats)))
     print(f"\nmatmul-only decode of the sampling benchmark's models, {NEW_TOKENS} tokens: "
           "tokens/s\n")
-    print("| model | weights [in, out] (jaxrubric) | weights [out, in] (PyTorch's layout) |")
-    print("|---|---:|---:|")
-    for hidden, mlp, layers in MODELS:
-        cells = []
-        for out_in in (False, True):
-            loop, loop_args = matmul_only_decode(hidden, mlp, layers, args.rows, out_in)
-            seconds = best_time(loop, loop_args, max(1, args.repeats // 5))
-            cells.append(f"{args.rows * NEW_TOKENS / seconds:.0f}")
-        print(f"| hidden {hidden}, {layers} layers | " + " | ".join(cells) + " |")
+    print("\n".join(ceiling_table(args.rows, max(1, args.repeats // 5))))
 
 
 if __name__ == "__main__":

@@ -4,24 +4,38 @@ The round is one compiled program, so its stages cannot be timed from the host. 
 compiles growing prefixes of the round as separate programs (policy sampling; + the generator's
 rubrics; + verification and rewards, i.e. `methods.dynamic_rubric.rollout`; the whole round
 with both GRPO updates) and reports each stage as the difference of consecutive prefixes, next
-to its share of the model FLOPs (`jaxrubric.flops.round_flops_by_stage`). Prints a markdown table.
+to its share of the model FLOPs (`jaxrubric.flops.round_flops_by_stage`).
+
+A second table compares the round as `jaxrubric train` runs it, one compiled program
+(`core.make_round_step`), with the same stages run as programs of their own: the sub-mesh
+placement (`placement.SubMeshes`, one program per stage) with every role on the whole mesh.
+Both donate the state, as in training; every timed round starts from a copy of the same
+state (so every round is the same work), and the two forms alternate (A, B, A, B, ...) so
+that load on a shared box hits both alike. Both also compute one round from the same state,
+batch and key; the line under the table says whether they agree (metrics, outputs, updates).
+Prints markdown tables (`--only` one of them).
 
     python benchmarks/round_stages.py [--config configs/tiny_dynamic_rubric.py] [--repeats 5]
     python benchmarks/round_stages.py --config toy_world/runs/coevolve/config.json
+    python benchmarks/round_stages.py --only programs --repeats 3
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
+import time
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
-from timing import best_time
+from timing import best_time, load_average, load_note
 
 from jaxrubric import flops, placement
 from jaxrubric.config import load_config
 from jaxrubric.methods import DYNAMIC_RUBRIC, core, dynamic_rubric
-from jaxrubric.roles import ROLES
+from jaxrubric.roles import ROLES, TRAINED, Role
 from jaxrubric.train import CoevolveTask
 
 
@@ -48,22 +62,159 @@ def prefixes(setup: core.RoundSetup):
             "verification + rewards": rollout, "GRPO updates (both roles)": whole}
 
 
+def round_steps(task: CoevolveTask) -> dict:
+    """The round as one program (what `jaxrubric train` runs on one mesh) and as its stages in
+    programs of their own: `placement.SubMeshes` with every role on the task's mesh, so no
+    array moves and only the program boundaries differ."""
+    one = core.make_round_step(task.setup, task.frozen, task.method.round)
+    staged = placement.SubMeshes(task.setup, dict.fromkeys(ROLES, task.mesh))
+    separate = core.make_submesh_round_step(task.setup, task.frozen, staged, task.method.round)
+    return {"one program": one, "separate programs": separate}
+
+
+def fresh(state: core.RoundState) -> core.RoundState:
+    """A copy of `state` with its shardings, for a step that donates it."""
+    return jax.tree.map(lambda x: jax.device_put(jnp.copy(x), x.sharding), state)
+
+
+def trained_params(state: core.RoundState) -> dict:
+    return {role: np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in
+                                  jax.tree.leaves(jax.device_get(state.role(role).params))])
+            for role in TRAINED}
+
+
+# The tolerances of tests/test_placement.py (the sub-mesh round against the colocated one).
+METRIC_RTOL, METRIC_ATOL, OUTPUT_RTOL, OUTPUT_ATOL = 1e-3, 1e-5, 1e-4, 1e-6
+UPDATE_RTOL = {Role.POLICY: 1e-3, Role.GENERATOR: 1e-2}
+
+
+def compare_rounds(steps: dict, state: core.RoundState, batch, rng) -> str:
+    """One round of each step from copies of `state` with the same batch and key: a sentence
+    saying whether they agree (metrics, outputs, each trained role's update)."""
+    initial = trained_params(state)
+    results = {}
+    for name, step in steps.items():
+        new_state, result = step(fresh(state), batch, rng)
+        results[name] = (trained_params(new_state), {k: float(v) for k, v in
+                                                     result.scalars.items()},
+                         jax.device_get(result.outputs)._asdict())
+    (params_a, metrics_a, outputs_a), (params_b, metrics_b, outputs_b) = results.values()
+    problems = []
+    if set(metrics_a) != set(metrics_b):
+        problems.append(f"metric names differ: {sorted(set(metrics_a) ^ set(metrics_b))}")
+    worst = 0.0
+    for key in set(metrics_a) & set(metrics_b):
+        a, b = metrics_a[key], metrics_b[key]
+        if not np.isclose(b, a, rtol=METRIC_RTOL, atol=METRIC_ATOL):
+            problems.append(f"{key} {a:.6g} vs {b:.6g}")
+        worst = max(worst, abs(a - b) / max(abs(a), METRIC_ATOL / METRIC_RTOL))
+    for key, a in outputs_a.items():
+        a, b = np.asarray(a), np.asarray(outputs_b[key])
+        same = (np.allclose(b, a, rtol=OUTPUT_RTOL, atol=OUTPUT_ATOL)
+                if np.issubdtype(a.dtype, np.floating) else np.array_equal(a, b))
+        if not same:
+            problems.append(f"output {key} differs")
+    updates = []
+    for role in TRAINED:
+        expected = params_a[role] - initial[role]
+        size = np.linalg.norm(expected)
+        error = np.linalg.norm(params_b[role] - params_a[role]) / size if size else 0.0
+        updates.append(f"{role} {error:.1e}" if size else f"{role} frozen")
+        if error > UPDATE_RTOL[role]:
+            problems.append(f"the {role} updates differ by {error:.1e} of their size")
+    checked = (f"one round of each from the same state, batch and key: {len(metrics_a)} metrics "
+               f"(rel {METRIC_RTOL:g} / abs {METRIC_ATOL:g}), sampled tokens (exact), scores "
+               f"(rel {OUTPUT_RTOL:g})")
+    moved = ("each trained role's update minus the one-program update, relative to its size: "
+             + ", ".join(updates) + " (tests/test_placement.py allows "
+             + ", ".join(f"{r} {t:g}" for r, t in UPDATE_RTOL.items()) + ")")
+    if problems:
+        return f"The two forms DIFFER ({checked}): " + "; ".join(problems) + f". {moved}."
+    return (f"Both forms compute the same round ({checked}; largest metric difference "
+            f"{worst:.1e} relative); {moved}.")
+
+
+def interleaved(steps: dict, state: core.RoundState, batch, rng, repeats: int) -> dict:
+    """{name: (first call s, best round s)}: each step's first round (its compiles), then
+    `repeats` rounds of each, alternating. Every round starts from a copy of `state` (made
+    before its clock starts), so each is the same work: the same samples, hence the same
+    decode lengths, in both forms."""
+    times = {name: [] for name in steps}
+
+    def one_round(name):
+        start_state = jax.block_until_ready(fresh(state))
+        start = time.perf_counter()
+        jax.block_until_ready(steps[name](start_state, batch, rng))
+        times[name].append(time.perf_counter() - start)
+
+    for name in steps:
+        one_round(name)
+    for _ in range(repeats):
+        for name in steps:
+            one_round(name)
+    return {name: (t[0], min(t[1:])) for name, t in times.items()}
+
+
+def load_task(path: str, overrides: list[str]) -> CoevolveTask:
+    config = load_config(path, [o.removeprefix("--config.") for o in overrides])
+    oracle = None
+    if config.oracle:  # a toy world's run: its ground-truth reward, as `jaxrubric train` does
+        from jaxrubric.toy import ORACLES
+        oracle = ORACLES[config.oracle]
+    return CoevolveTask(config, oracle)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/tiny_dynamic_rubric.py")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--only", choices=("stages", "programs"), default=None,
+                        help="print one table: the stages by prefixes, or one program vs "
+                             "separate programs")
     args, overrides = parser.parse_known_args()
-    config = load_config(args.config, [o.removeprefix("--config.") for o in overrides])
-    task = CoevolveTask(config)
+    load_before = load_average()
+    task = load_task(args.config, overrides)
     if task.method is not DYNAMIC_RUBRIC:
         raise SystemExit(f"round_stages times DynamicRubric's stages; {args.config} trains "
                          f"{task.method.name}")
+    if not task.colocated:
+        raise SystemExit(f"{args.config} places the roles on sub-meshes (config.submeshes): "
+                         "the round is not one program there; clear config.submeshes")
     state = task.init_state(jax.random.key(0))
     batch, rng = task.batch(0), jax.random.key(1)
+    tables = []
+    if args.only != "programs":
+        tables.append(stages_table(task, state, batch, rng, args.repeats))
+    if args.only != "stages":
+        print("one program vs separate programs ...", file=sys.stderr, flush=True)
+        steps = round_steps(task)
+        # Timed first, so that each form's first round is its compiles.
+        timed = interleaved(steps, state, batch, rng, args.repeats)
+        agreement = compare_rounds(steps, state, batch, rng)
+        programs = {"one program": 1,
+                    "separate programs": steps["separate programs"].placement.compiled_programs()}
+        one = timed["one program"][1]
+        lines = ["The round as one program (`jaxrubric train`) vs the same stages as separate "
+                 "programs (`placement.SubMeshes`, every role on the whole mesh); every round "
+                 "from the same state, the two forms alternating\n",
+                 "| form | programs | first round s (compiles) | ms per round | "
+                 "separate / one program |", "|---|---:|---:|---:|---:|"]
+        for name, (first, best) in timed.items():
+            lines.append(f"| {name} | {programs[name]} | {first:.1f} | {1e3 * best:.1f} | "
+                         f"{best / one:.2f}x |")
+        lines.append("\n" + agreement)
+        tables.append("\n".join(lines))
+    print(f"config {args.config}, {jax.device_count()} {jax.devices()[0].platform} device(s), "
+          f"best of {args.repeats}, {load_note(load_before)}\n")
+    print("\n\n".join(tables))
+
+
+def stages_table(task: CoevolveTask, state, batch, rng, repeats: int) -> str:
+    """The stages' table: each stage the difference of consecutive prefixes' times."""
     cumulative, previous = {}, 0.0
     for name, fn in prefixes(task.setup).items():
         # The whole round donates nothing here: timing reruns it on the same state.
-        total = best_time(jax.jit(fn), (state, task.frozen, batch, rng), args.repeats)
+        total = best_time(jax.jit(fn), (state, task.frozen, batch, rng), repeats)
         cumulative[name], previous = total - previous, total
     dims = core.round_dims(task.setup, {"question": batch.question.tokens.shape,
                                         "policy": batch.policy.tokens.shape,
@@ -72,19 +223,19 @@ def main() -> None:
         {r: task.models[r].config for r in ROLES}, task.setup.config,
         task.method.round_shapes(task.setup.config, dims))
     assert sum(stage_flops.values()) == task.round_flops
-    groups = {"policy samples": ("policy/sample",), "generator writes rubrics": ("generator/sample",),
+    groups = {"policy samples": ("policy/sample",),
+              "generator writes rubrics": ("generator/sample",),
               "verification + rewards": ("verifier/",),
               "GRPO updates (both roles)": ("/update", "/reference")}
     total_flops = sum(stage_flops.values())
-    print(f"config {args.config}, {jax.device_count()} {jax.devices()[0].platform} device(s), "
-          f"best of {args.repeats}\n")
-    print("| stage | ms | share of time | share of model FLOPs |")
-    print("|---|---:|---:|---:|")
+    lines = ["Stages, timed by growing prefixes of the round\n",
+             "| stage | ms | share of time | share of model FLOPs |", "|---|---:|---:|---:|"]
     for name, seconds in cumulative.items():
         share = sum(v for k, v in stage_flops.items() if any(p in k for p in groups[name]))
-        print(f"| {name} | {1e3 * seconds:.1f} | {seconds / previous:.0%} | "
-              f"{share / total_flops:.0%} |")
-    print(f"| whole round | {1e3 * previous:.1f} | 100% | 100% |")
+        lines.append(f"| {name} | {1e3 * seconds:.1f} | {seconds / previous:.0%} | "
+                     f"{share / total_flops:.0%} |")
+    lines.append(f"| whole round | {1e3 * previous:.1f} | 100% | 100% |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

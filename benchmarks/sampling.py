@@ -8,7 +8,11 @@ stop token, so every row decodes all 64). Two tables, one row per model size:
 2. the rollout as the round runs it (`sampling.sample` inside one jitted program): 8 prompts x
    K = 8 samples at temperature 1, the 64 rows at once and in 8 micro-batches of 8 rows
    (`round.rollout_micro_batches=8`, the recipes' setting). A row's noise is its own, so the
-   micro-batched run draws each step's noise for 8 rows, not 64; the samples are the same.
+   micro-batched run draws each step's noise for 8 rows, not 64; the samples are the same;
+3. the share of the matmul-only ceiling each sampler run of tables 1 and 2 reaches: its time
+   per generated token beside `benchmarks/decode_matmul.py`'s decode loop of the same model's
+   matmuls alone (no attention, norms or sampling) over as many rows per step, and the share
+   (ceiling time / sampler time).
 
     python benchmarks/sampling.py [--repeats 3]
 """
@@ -28,7 +32,8 @@ import torch
 import transformers
 from flax import nnx
 
-from timing import best_time
+import decode_matmul  # benchmarks/ is on the path when run as `python benchmarks/NAME.py`
+from timing import best_time, load_average, load_note
 
 import jaxrubric
 from jaxrubric import sampling
@@ -40,6 +45,7 @@ SIZES = [
 ]
 BATCH, PROMPT, NEW, VOCAB = 8, 16, 64, 8192
 SAMPLES, MICRO_BATCHES = 8, 8
+assert (decode_matmul.VOCAB, decode_matmul.NEW_TOKENS) == (VOCAB, NEW)
 
 
 def _best_of(fn, repeats: int) -> float:
@@ -107,15 +113,31 @@ def rollout(model: Decoder, prompts: np.ndarray, repeats: int) -> dict:
     return dict(whole=out[1], micro=out[MICRO_BATCHES], same=same)
 
 
+def ceiling_rows(name: str, size: dict, runs: dict[str, tuple[int, float]],
+                 repeats: int) -> list[str]:
+    """Table 3's rows of one model: `runs` maps a sampler run to (rows per decode step, its
+    tokens/s); each beside the matmul-only loop over as many rows (`decode_matmul`)."""
+    ceiling = {}
+    lines = []
+    for run, (rows, tokens_s) in runs.items():
+        if rows not in ceiling:
+            ceiling[rows] = decode_matmul.matmul_only_seconds_per_token(
+                size["hidden_size"], size["intermediate_size"], size["num_hidden_layers"], rows,
+                repeats)
+        sampler = 1 / tokens_s
+        lines.append(f"| {name} | {run} | {rows} | {1e6 * sampler:.1f} | "
+                     f"{1e6 * ceiling[rows]:.1f} | {ceiling[rows] / sampler:.0%} |")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--unrolled", action="store_true", help="unrolled layers, not lax.scan")
     args = parser.parse_args()
-    print(f"jax {jax.__version__} on {jax.devices()[0].platform}, torch {torch.__version__} "
-          f"({torch.get_num_threads()} threads); prompt {PROMPT}, new {NEW}, vocab {VOCAB}, fp32")
+    load_before = load_average()
     prompts = np.random.RandomState(0).randint(3, VOCAB, (BATCH, PROMPT))
-    greedy_rows, rollout_rows = [], []
+    greedy_rows, rollout_rows, ceiling_lines = [], [], []
     for size in SIZES:
         hf, model = _models(size, scan_layers=not args.unrolled)
         name = f"h{size['hidden_size']} L{size['num_hidden_layers']}"
@@ -124,6 +146,15 @@ def main() -> None:
                            f"{g['compile_s']:.1f} | {g['same']} |")
         rollout_rows.append(f"| {name} | {r['whole']:.0f} | {r['micro']:.0f} | "
                             f"{r['micro'] / r['whole']:.2f} | {r['same']} |")
+        ceiling_lines += ceiling_rows(name, size, {
+            f"greedy, batch {BATCH}": (BATCH, g["ours"]),
+            f"rollout T=1, {BATCH * SAMPLES} rows whole": (BATCH * SAMPLES, r["whole"]),
+            f"rollout T=1, {MICRO_BATCHES} micro-batches": (BATCH * SAMPLES // MICRO_BATCHES,
+                                                             r["micro"])}, args.repeats)
+    print(f"jax {jax.__version__} on {jax.devices()[0].platform}, torch {torch.__version__} "
+          f"({torch.get_num_threads()} threads); prompt {PROMPT}, new {NEW}, vocab {VOCAB}, fp32, "
+          f"jaxrubric layers {'unrolled' if args.unrolled else 'scanned'}; best of "
+          f"{args.repeats}; {load_note(load_before)}")
     print(f"\ngreedy, batch {BATCH}")
     print("| model | jaxrubric tok/s | transformers tok/s | speed-up | first call s "
           "| same tokens |")
@@ -133,6 +164,13 @@ def main() -> None:
     print(f"| model | whole tok/s | {MICRO_BATCHES} micro-batches tok/s | ratio | same tokens |")
     print("|---|---|---|---|---|")
     print("\n".join(rollout_rows))
+    print("\nshare of the matmul-only ceiling (`benchmarks/decode_matmul.py`: the decode loop of "
+          "the model's matmuls alone, weights [in, out], unrolled layers, as many rows per step); "
+          "time per generated token; share = ceiling time / sampler time")
+    print("| model | sampler run | rows per step | sampler µs/token | matmul-only µs/token "
+          "| share of ceiling |")
+    print("|---|---|---:|---:|---:|---:|")
+    print("\n".join(ceiling_lines))
 
 
 if __name__ == "__main__":

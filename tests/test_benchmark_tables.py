@@ -1,0 +1,72 @@
+"""The comparison tables of `benchmarks/round_stages.py` (one program vs separate programs) and
+`benchmarks/sampling.py` (share of the matmul-only ceiling, from `benchmarks/decode_matmul.py`)
+run at tiny sizes, so they cannot rot. No timing is asserted: only that the rows come out with
+finite numbers and that both forms of the round compute the same round."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import decode_matmul  # noqa: E402
+import sampling as sampling_benchmark  # noqa: E402
+
+
+def cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+def number(cell: str) -> float:
+    value = float(cell.rstrip("x%"))
+    assert math.isfinite(value) and value > 0, cell
+    return value
+
+
+def test_round_stages_one_program_vs_separate_programs():
+    # One CPU device and XLA:CPU's cheapest code generation: compiling the round twice (whole
+    # and by stages) is nearly all the time.
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": (
+        "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true")}
+    result = subprocess.run(
+        [sys.executable, "benchmarks/round_stages.py", "--only", "programs", "--repeats", "1",
+         "--config.round.response_tokens=4", "--config.rubric.max_items=2"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert "load average (1 min)" in lines[0] and "after" in lines[0], lines[0]
+    rows = {cells(line)[0]: cells(line) for line in lines
+            if line.startswith("| ") and not line.startswith("| form ")}
+    assert list(rows) == ["one program", "separate programs"], rows
+    assert rows["one program"][1] == "1" and int(rows["separate programs"][1]) > 1
+    for row in rows.values():
+        for cell in row[2:]:
+            number(cell)
+    assert rows["one program"][-1] == "1.00x"
+    assert any(line.startswith("Both forms compute the same round") for line in lines), \
+        result.stdout
+
+
+def test_matmul_ceiling_rows():
+    size = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
+    # A sampler at 1e5 tokens/s (10 us a token) over 2 rows and 4 rows: each share is the
+    # ceiling's time over that (the 2-row ceiling measured once).
+    lines = sampling_benchmark.ceiling_rows("tiny", size, {"two": (2, 1e5), "four": (4, 1e5)},
+                                            repeats=1)
+    assert [cells(line)[:3] for line in lines] == [["tiny", "two", "2"], ["tiny", "four", "4"]]
+    for line in lines:
+        sampler_us, ceiling_us, share = cells(line)[3:]
+        assert number(sampler_us) == 10.0
+        assert number(share) == pytest.approx(10 * number(ceiling_us), abs=1)
+    # decode_matmul's own table, from the same function.
+    table = decode_matmul.ceiling_table(2, 1, models=((16, 32, 1),))
+    assert cells(table[-1])[0] == "hidden 16, 1 layers"
+    for cell in cells(table[-1])[1:]:
+        number(cell)
