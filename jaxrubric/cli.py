@@ -234,9 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--rounds", type=int, default=0,
                        help="toy world only: rounds of each compared run (0: the default)")
     train.add_argument("--jobs", type=int, default=0,
-                       help="toy world only: its stages run side by side in this many "
-                            "processes (0: one per core, at most 4; 1: one after another "
-                            "in this process). The results are the same")
+                       help="toy world only: run its independent stages side by side in this "
+                            "many processes (default: one after another in this process); for "
+                            "machines with more than 2 cores. The results are the same")
     train.add_argument("--no-fallback", action="store_true",
                        help="stop when the newest checkpoint is damaged (default: report it, "
                             "move it aside and resume from the newest good one)")

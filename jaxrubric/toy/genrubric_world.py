@@ -461,15 +461,15 @@ def world_stages(workdir: Path, cfg: GenRubricWorldConfig) -> list[stages_lib.St
 
 
 def run_genrubric_world(workdir: str | Path, cfg: GenRubricWorldConfig = GenRubricWorldConfig(),
-                        jobs: int | None = None) -> dict[str, Any]:
-    """The whole GenRubric world (see the module docstring), its stages in `jobs` worker
-    processes (`stages.default_jobs()`; 1 runs them here, in order); returns the summary. The
-    results do not depend on `jobs`."""
+                        jobs: int = 1) -> dict[str, Any]:
+    """The whole GenRubric world (see the module docstring), its stages in order in this
+    process, or side by side in `jobs` worker processes (`toy/stages.py`); returns the summary.
+    The results do not depend on `jobs`."""
     workdir, _ = world.prepare_workdir(workdir, cfg)
     write_data(workdir, cfg)
     timings = world.StageTimer(workdir / "timings.json")
     start = time.perf_counter()
     stages_lib.run_stages(world_stages(workdir, cfg), timings,
-                          stages_lib.default_jobs() if jobs is None else jobs, workdir / "logs")
+                          jobs, workdir / "logs")
     timings.record("world", time.perf_counter() - start)
     return summarize(workdir, cfg)

@@ -588,16 +588,16 @@ def world_stages(workdir: Path, cfg: ToyWorldConfig) -> list[stages_lib.Stage]:
 
 
 def run_toy_world(workdir: str | Path, cfg: ToyWorldConfig = ToyWorldConfig(),
-                  jobs: int | None = None) -> dict[str, Any]:
-    """The whole toy world (see the module docstring), its stages in `jobs` worker processes
-    (`stages.default_jobs()`: one per core, at most 4; 1 runs them here, in order); returns
-    the summary. The results do not depend on `jobs`."""
+                  jobs: int = 1) -> dict[str, Any]:
+    """The whole toy world (see the module docstring), its stages in order in this process, or
+    side by side in `jobs` worker processes (`toy/stages.py`); returns the summary. The results
+    do not depend on `jobs`."""
     workdir, _ = prepare_workdir(workdir, cfg)
     write_data(workdir, cfg)
     timings = StageTimer(workdir / "timings.json")
     start = time.perf_counter()
     stages_lib.run_stages(world_stages(workdir, cfg), timings,
-                          stages_lib.default_jobs() if jobs is None else jobs, workdir / "logs")
+                          jobs, workdir / "logs")
     timings.record("world", time.perf_counter() - start)
     return summarize(workdir, cfg)
 
