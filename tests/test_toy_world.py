@@ -23,14 +23,12 @@ import pytest
 
 from jaxrubric.toy import world
 
-# The shortened warm starts leave a generator that writes 58% of its items in the criterion
-# language at temperature 1; with a verifier that never saw a malformed item, its own rounds
-# then learn junk items the verifier says yes to (33% in the language after 10 rounds) and the
-# policy's held-out quality stays flat (0.495 -> 0.508 with the inverse-CDF sampler). A verifier
-# taught to reject malformed items and a generator KL keep the signal (0.495 -> 0.693 -> 0.680).
+# With the old defaults' verifier (never shown a malformed item) and no generator KL, this short
+# world's generator learned junk items the verifier says yes to (33% in the language after 10
+# rounds) and the policy's held-out quality stayed flat (0.495 -> 0.508).
 SHORT = world.ToyWorldConfig(runs=("coevolve",), rounds=20, generator_rounds=10, eval_every=10,
                              eval_batch_size=64, verifier_steps=250, policy_steps=250,
-                             generator_steps=200, verifier_malformed=0.25, generator_beta=0.04)
+                             generator_steps=200)
 NOTEBOOK = Path(__file__).parent.parent / "colab" / "quickstart.ipynb"
 
 
@@ -58,7 +56,7 @@ def test_toy_world_quality_rises_and_the_notebook_runs(tmp_path, monkeypatch):
     quality = summary["coevolve"]
     assert len(quality) == SHORT.rounds // SHORT.eval_every + 1
     # 64 held-out questions x 4 answers per evaluation (standard error ~0.02): this short run
-    # rises by 0.20 (0.495 -> 0.693 at round 10), a margin of 10 standard errors over 0.08.
+    # rises by 0.25 (0.495 -> 0.673 -> 0.745), about 8 standard errors above the 0.08 asked.
     assert max(quality[1:]) - quality[0] >= 0.08, quality
     # The evaluator's signal beside it: the anchor answers' score gap under each round's rubrics.
     gaps = summary["anchor_delta_gap"]["coevolve"]
