@@ -67,7 +67,8 @@ STATIC_RUNS = ("static",)
 
 @dataclasses.dataclass(frozen=True)
 class ToyWorldConfig:
-    """Sizes and budgets of the toy world (defaults: about 10 minutes on 2 CPU cores)."""
+    """Sizes and budgets of the toy world (the defaults took 12.7 minutes on a shared 2-core
+    box; the world's `timings.json` splits its time by stage)."""
 
     seed: int = 0
     rounds: int = 60  # co-evolution rounds of each compared run
