@@ -7,9 +7,9 @@ import builtins
 import os
 import shutil
 import signal
-import threading
+import subprocess
+import sys
 import time
-from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import pytest
@@ -63,19 +63,26 @@ def test_workers_output_goes_to_the_stage_log(tmp_path, capfd):
 
 
 def test_sigterm_reaches_the_workers(tmp_path):
-    """A worker's default SIGTERM action ends it, so the pool breaks at once instead of
-    sleeping out the stage."""
-    killer = threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGTERM))
+    """A SIGTERM to the world's process is passed to its workers. A worker's default SIGTERM
+    action ends it, so the pool breaks at once instead of sleeping out its 60 s stage. (In a
+    process of its own: a pytest worker may run tests off its main thread, where no signal
+    handler can be set.)"""
+    script = ("import sys, time\nfrom pathlib import Path\nfrom jaxrubric.toy import stages\n"
+              "class T:\n    def record(self, name, seconds): pass\n"
+              "stages.run_stages([stages.Stage('sleep', time.sleep, (60.0,))], T(), 2, "
+              "Path(sys.argv[1]))\n")
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    process = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "logs")],
+                               env=env, stderr=subprocess.PIPE, text=True)
     start = time.perf_counter()
-    killer.start()
-    try:
-        with pytest.raises(BrokenProcessPool):
-            stages.run_stages([Stage("sleep", time.sleep, (60.0,))], Timer(), 2,
-                              tmp_path / "logs")
-    finally:
-        killer.cancel()
+    log = tmp_path / "logs" / "sleep.log"
+    while not log.exists() and time.perf_counter() - start < 60:  # the worker holds the stage
+        time.sleep(0.2)
+    process.send_signal(signal.SIGTERM)
+    start = time.perf_counter()
+    _, err = process.communicate(timeout=45)
+    assert process.returncode != 0 and "BrokenProcessPool" in err, err[-2000:]
     assert time.perf_counter() - start < 30
-    assert signal.getsignal(signal.SIGTERM) is not None  # the handler was put back
 
 
 @pytest.mark.parametrize("graph, message", [

@@ -83,38 +83,67 @@ def run_stages(stages: Sequence[Stage], timer: Timer, jobs: int = 1,
     pool = ProcessPoolExecutor(max_workers=min(jobs, len(stages)),
                                mp_context=multiprocessing.get_context("spawn"),
                                initializer=_report_pid, initargs=(pids,))
-    workers: set[int] = set()
-
-    def forward(signum: int, _frame: Any) -> None:
-        while not pids.empty():
-            workers.add(pids.get())
-        for pid in workers:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signum)
-
+    stop = _Stop(pids)
     main = threading.current_thread() is threading.main_thread()  # where handlers may be set
-    previous = signal.signal(signal.SIGTERM, forward) if main else None
+    previous = signal.signal(signal.SIGTERM, stop.request) if main else None
     try:
-        _schedule(stages, pool, timer, jobs, log_dir)
+        _schedule(stages, pool, timer, jobs, log_dir, stop)
     finally:
         if main:
             signal.signal(signal.SIGTERM, previous)
         pool.shutdown(wait=True, cancel_futures=True)
 
 
+class _Stop:
+    """A SIGTERM received: passed to every worker, including one that registers later (a
+    worker still starting when the signal came); no stage starts after it."""
+
+    def __init__(self, pids: multiprocessing.SimpleQueue):
+        self.pids = pids
+        self.workers: set[int] = set()
+        self.signum: int | None = None
+
+    def request(self, signum: int, _frame: Any) -> None:
+        self.signum = signum
+        self._drain()
+        self._kill(self.workers)
+
+    def forward(self) -> None:
+        """After a stop: the signal to the workers that registered since."""
+        self._kill(self._drain())
+
+    def _drain(self) -> set[int]:
+        fresh = set()
+        while not self.pids.empty():
+            fresh.add(self.pids.get())
+        self.workers |= fresh
+        return fresh
+
+    def _kill(self, pids: set[int]) -> None:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, self.signum)
+
+
 def _schedule(stages: Sequence[Stage], pool: ProcessPoolExecutor, timer: Timer, jobs: int,
-              log_dir: Path) -> None:
+              log_dir: Path, stop: _Stop) -> None:
     pending = list(stages)
     running: dict[Future, Stage] = {}
     done: set[str] = set()
     while pending or running:
         for stage in list(pending):
-            if len(running) < jobs and all(d in done for d in stage.after):
+            if stop.signum is None and len(running) < jobs and all(d in done
+                                                                   for d in stage.after):
                 log = log_dir / (re.sub(r"[^\w.-]+", "_", stage.name) + ".log")
                 running[pool.submit(_timed, stage.fn, stage.args, log)] = stage
                 pending.remove(stage)
                 print(f"start: {stage.name} (output: {log})", flush=True)
-        finished, _ = wait(running, return_when=FIRST_COMPLETED)
+        if not running:
+            raise SystemExit(f"stopped by signal {stop.signum} before {pending[0].name}; rerun "
+                             "to resume")
+        finished, _ = wait(running, timeout=1.0, return_when=FIRST_COMPLETED)
+        if stop.signum is not None:
+            stop.forward()
         for future in finished:
             stage = running.pop(future)
             error = future.exception()
