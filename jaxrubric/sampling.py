@@ -124,7 +124,9 @@ def inverse_cdf_sample(logits: jax.Array, uniform: jax.Array) -> jax.Array:
     block = min(CDF_BLOCK, vocab)
     logits = logits.astype(jnp.float32)
     weights = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))
-    blocks = jnp.pad(weights, ((0, 0), (0, -vocab % block))).reshape(rows, -1, block)
+    if vocab % block:
+        weights = jnp.pad(weights, ((0, 0), (0, -vocab % block)))
+    blocks = weights.reshape(rows, -1, block)
     mass = jnp.sum(blocks, axis=-1)  # [rows, blocks]
     end = jnp.cumsum(mass, axis=-1)
     target = uniform * end[:, -1]

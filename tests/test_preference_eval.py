@@ -236,7 +236,7 @@ def prometheus_run(folders, tmp_path_factory):
     with contextlib.redirect_stdout(printed):
         rc = _run(["--method", "dynamic_rubric", "--data", data, "--generator",
                    folders["generator"], "--verifier", folders["verifier"], "--out", root / "out",
-                   "--num-rubrics", "2", "--max-new-tokens", "24", "--seed", "1", *SMALL])
+                   "--num-rubrics", "2", "--max-new-tokens", "24", "--seed", "4", *SMALL])  # a seed whose sets cover both cases
     assert rc == 0
     return rows, {**_read(root / "out"), "printed": printed.getvalue()}
 
