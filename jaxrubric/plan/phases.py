@@ -20,8 +20,8 @@ vocabulary, `c` bytes of the compute dtype, `L` layers, `Q` the model's `attenti
 - a rollout (`sampling.sample`: prefill the prompts into a cache of P + N slots, copy it for
   each of the samples, decode N tokens): KV cache `rows (P + N) L 2 kv hd c`; its peak is the
   prompts' cache + the larger of the prefill (`W(P, P + N)` + mask) and the copied cache
-  with the decode step's logits and noise (each row draws its own, so a micro-batch draws only
-  its rows');
+  with the decode step's logits and the weights of their inverse CDF (one uniform per row,
+  so a micro-batch draws only its rows');
 - a shared-prefix layer (`transformer._shared_prefix_layer`): a prefix of `P` tokens encoded
   once and `n` branches of `W` tokens continuing it, `Lt = P + n W` tokens in all: the masks
   `r (P^2 + n W^2)`, and `Ws = 2 act(Lt) + max(projections(Lt, Lt) + A, MLP(Lt))`, where `A`
@@ -228,8 +228,8 @@ def rollout_phase(loc: Local, prompt_rows: int, samples: int, prompt: int, new: 
     r = rows_per_device(micro_prompts * samples, ways)
     length = prompt + new
     cache = loc.kv_cache(r, length)
-    step = 4 * r * (3 * loc.vocab + 3 * new)  # logits, filtered logits, noise; tokens, log-probs
-    step_label = "decode step: logits, their noise, sampled tokens and log-probs"
+    step = 4 * r * (3 * loc.vocab + 3 * new)  # logits, filtered, CDF weights; tokens, log-probs
+    step_label = "decode step: logits, their sampling weights, sampled tokens and log-probs"
     prefill = loc.working_set(rp, prompt, length) + loc.mask(rp, prompt, length)
     items = [(f"KV cache: {_rows_text(prompt_rows * samples, micro_batches)} x {length} tokens",
               cache),

@@ -39,7 +39,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
-import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -467,9 +466,5 @@ def run_genrubric_world(workdir: str | Path, cfg: GenRubricWorldConfig = GenRubr
     The results do not depend on `jobs`."""
     workdir, _ = world.prepare_workdir(workdir, cfg)
     write_data(workdir, cfg)
-    timings = world.StageTimer(workdir / "timings.json")
-    start = time.perf_counter()
-    stages_lib.run_stages(world_stages(workdir, cfg), timings,
-                          jobs, workdir / "logs")
-    timings.record("world", time.perf_counter() - start)
+    world.run_world(workdir, world_stages(workdir, cfg), jobs)
     return summarize(workdir, cfg)

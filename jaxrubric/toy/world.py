@@ -37,7 +37,6 @@ checkpoint).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import random
@@ -137,12 +136,6 @@ class StageTimer:
     def __init__(self, path: Path):
         self.path = path
         self.seconds: dict[str, float] = (json.loads(path.read_text()) if path.exists() else {})
-
-    @contextlib.contextmanager
-    def stage(self, name: str) -> Iterator[None]:
-        start = time.perf_counter()
-        yield
-        self.record(name, time.perf_counter() - start)
 
     def record(self, name: str, seconds: float) -> None:
         self.seconds[name] = round(seconds, 1)
@@ -604,12 +597,17 @@ def run_toy_world(workdir: str | Path, cfg: ToyWorldConfig = ToyWorldConfig(),
     do not depend on `jobs`."""
     workdir, _ = prepare_workdir(workdir, cfg)
     write_data(workdir, cfg)
+    run_world(workdir, world_stages(workdir, cfg), jobs)
+    return summarize(workdir, cfg)
+
+
+def run_world(workdir: Path, graph: list[stages_lib.Stage], jobs: int) -> None:
+    """Runs either world's stage graph (`toy/stages.py`), each stage's seconds and the whole
+    world's wall clock ("world") kept in `workdir/timings.json`."""
     timings = StageTimer(workdir / "timings.json")
     start = time.perf_counter()
-    stages_lib.run_stages(world_stages(workdir, cfg), timings,
-                          jobs, workdir / "logs")
+    stages_lib.run_stages(graph, timings, jobs, workdir / "logs")
     timings.record("world", time.perf_counter() - start)
-    return summarize(workdir, cfg)
 
 
 def verifier_accuracy(workdir: str | Path, n: int = 512, seed: int = 1234,
