@@ -159,3 +159,18 @@ def test_malformed_items_are_outside_the_language_and_never_met():
         item = task.malformed_criterion(prompt, rng)
         assert not task.in_language(item) and "\n" not in item, item
         assert not task.check(item, prompt)
+
+
+def test_only_the_compared_runs_evaluate_on_the_held_out_set(tmp_path):
+    """The generators' own rounds skip held-out evaluation (the compared runs evaluate their
+    result at round 0), so the stage compiles and runs no evaluation program; each compared run
+    evaluates every `eval_every` rounds."""
+    cfg = world.ToyWorldConfig()
+    paths = world.write_data(tmp_path, cfg)
+    for name in ("generator", "generator_static"):
+        c = world.run_config(name, tmp_path, paths, cfg, tmp_path / "models" / "generator_cold")
+        assert (c.data.eval, c.eval_every, c.rounds) == ("", 0, cfg.generator_rounds)
+        assert c.round.freeze_policy
+    for name in world.RUNS:
+        c = world.run_config(name, tmp_path, paths, cfg, tmp_path / "models" / "generator")
+        assert (c.data.eval, c.eval_every) == (str(paths["eval"]), cfg.eval_every)
