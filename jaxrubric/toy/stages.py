@@ -1,16 +1,16 @@
 """A toy world's stages (warm starts, generator rounds, compared runs) as a dependency graph,
 run side by side in worker processes.
 
-A toy model keeps one to one and a half cores busy (its matmuls are too small for XLA to
-spread further: on an idle 2-core box the DynamicRubric world ran 7m51s of wall clock for
-11m09s of user time), so on a machine with more cores, independent stages can run side by
-side. Each stage is seeded by itself and reads only what the stages it depends on saved in
-the workdir, so running them in parallel changes no result, only the wall-clock time. `jobs=1` (the worlds' default) runs
-them in this process, in order. On this project's 2-core box two workers did not help: the
-four DynamicRubric warm starts took 380 s in two workers against 334 s in order (a busy box),
-and the whole default world 7.6 minutes against 7.9 on an idle box.
-Worker processes are spawned, so a script that runs a world with `jobs > 1` must do so under
-`if __name__ == "__main__":`.
+A toy model keeps one to one and a half cores busy (its matmuls are too small for XLA to spread
+further: on an idle 2-core box the DynamicRubric world ran 7m51s of wall clock for 11m09s of
+user time), so on a machine with more cores, independent stages can run side by side. Each
+stage is seeded by itself and reads only what the stages it depends on saved in the workdir, so
+running them in parallel changes no result, only the wall-clock time. `jobs=1` (the worlds'
+default) runs them in this process, in order. On this project's 2-core box two workers did not
+help: the four DynamicRubric warm starts took 380 s in two workers against 334 s in order (a
+busy box), and the whole default world 7.6 minutes against 7.9 on an idle box. Worker processes
+are spawned, so a script that runs a world with `jobs > 1` must do so under `if __name__ ==
+"__main__":`.
 
 With workers, each stage's output (progress bars, logs) goes to `<log_dir>/<stage>.log`, and
 this process prints a line as each stage starts and ends. A SIGTERM to this process is passed
