@@ -9,8 +9,8 @@ running them in parallel changes no result, only the wall-clock time. `jobs=1` (
 default) runs them in this process, in order. On this project's 2-core box two workers did not
 help: the four DynamicRubric warm starts took 380 s in two workers against 334 s in order (a
 busy box), and the whole default world 7.6 minutes against 7.9 on an idle box. Worker processes
-are spawned, so a script that runs a world with `jobs > 1` must do so under `if __name__ ==
-"__main__":`.
+are spawned, so a script that runs a world with `jobs > 1` must do so under
+`if __name__ == "__main__":`.
 
 With workers, each stage's output (progress bars, logs) goes to `<log_dir>/<stage>.log`, and
 this process prints a line as each stage starts and ends. A SIGTERM to this process is passed
