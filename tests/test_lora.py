@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from flax import nnx
 from hf_fixtures import hf_logits, make_hf_model, save_hf_model
-from helpers import round_case, tiny_model_config, tiny_models, tiny_tokenizer
+from helpers import round_case, tiny_models, tiny_tokenizer
 
 import jaxrubric
 from jaxrubric import sharding as shd

@@ -85,14 +85,40 @@ def test_checker(criterion, answer, met):
     assert task.check(criterion, answer) is met
 
 
-def test_anchor_lists_rank_the_correct_answer_first_by_strictly_falling_quality():
-    for row in task.anchor_rows(50, seed=3, num_anchors=3):
+def test_anchor_lists_cover_each_mistake_and_rank_ties_equal():
+    ties = 0
+    for row in task.anchor_rows(200, seed=3, num_anchors=4):
+        prompt, answers = row["prompt"], [a["answer"] for a in row["answers"]]
+        big = [d for d in task.digits_of(prompt) if d > "4"]
+        small = [d for d in task.digits_of(prompt) if d <= "4"]
+        assert answers[0] == task.target_of(prompt) and len(set(answers)) == 4
+        # One answer drops exactly one big digit, another keeps exactly one small digit.
+        assert any(sum(d not in a for d in big) == 1 and not any(d in a for d in small)
+                   for a in answers)
+        assert any(sum(d in a for d in small) == 1 and all(d in a for d in big)
+                   for a in answers)
+        qualities = [task.quality(a, prompt) for a in answers]
+        ranks = [a["rank"] for a in row["answers"]]
+        assert all(a >= b for a, b in zip(qualities, qualities[1:]))
+        for i in range(4):
+            for j in range(4):
+                assert (ranks[i] < ranks[j]) == (qualities[i] > qualities[j])
+        ties += len(set(ranks)) < 4
+    assert ties > 0  # equal quality happens (one big of two dropped vs one small of two kept)
+
+
+def test_distinct_anchor_lists_rank_the_correct_answer_first_by_strictly_falling_quality():
+    for row in task.anchor_rows(50, seed=3, num_anchors=3, kind="distinct"):
         answers = [a["answer"] for a in row["answers"]]
-        target = task.target_of(row["prompt"])
-        assert answers[0] == target
+        assert answers[0] == task.target_of(row["prompt"])
         qualities = [task.quality(a, row["prompt"]) for a in answers]
         assert all(a > b for a, b in zip(qualities, qualities[1:]))
         assert [a["rank"] for a in row["answers"]] == [1, 2, 3]
+
+
+def test_anchor_lists_need_room_for_both_mistakes():
+    with pytest.raises(ValueError, match="num_anchors 2"):
+        task.anchor_answers("big 381729", random.Random(0), 2)
 
 
 def test_teacher_rubrics_follow_the_grammar(tokenizer):
@@ -116,6 +142,53 @@ def test_teacher_rubrics_follow_the_grammar(tokenizer):
             assert "[" + str(int(parsed.weights[i, m])) + "] " + tokenizer.decode(item) == line
 
 
+def test_contested_digits_are_those_some_but_not_all_answers_hold():
+    assert task.contested_digits("big 381729", ["879", "8179", "38179"]) == ["3", "1"]
+    assert task.contested_digits("big 381729", ["879", "879"]) == []
+    assert task.contested_digits("big 381729", []) == []
+
+
+def test_a_focused_teacher_writes_its_first_items_about_the_contested_digits():
+    rng = random.Random(0)
+    signs = []
+    for _ in range(300):
+        focus = ["3", "8"]
+        items = [line.split("] ")[1] for line in task.teacher_rubric(
+            "big 381729", rng, max_items=4, informed=0.5, focus=focus).splitlines()]
+        assert {item.split(" ")[1] for item in items[:2]} == set(focus)
+        signs += [item for item in items[:2]]
+    # Sound ("omits 3", "has 8") three times in four: half informed, half a coin flip.
+    share = sum(item in ("omits 3", "has 8") for item in signs) / len(signs)
+    assert 0.68 < share < 0.82
+
+
+def _slot_texts(tokenizer, template, ids):
+    """The texts `world.template_ids` spliced into ``template``'s slots, read back from ids."""
+    texts, at = [], len(template.segments[0])
+    for segment in template.segments[1:]:
+        segment = list(segment)
+        end = next(i for i in range(at, len(ids) - len(segment) + 1)
+                   if ids[i:i + len(segment)] == segment)
+        texts.append(tokenizer.decode(ids[at:end]))
+        at = end + len(segment)
+    return texts
+
+
+def test_the_answer_seeing_cold_start_looks_at_the_digits_its_answers_differ_on(tokenizer):
+    cfg = world.ToyWorldConfig()
+    template = tpl.dynamic_rubric_generator_template(tokenizer, cfg.num_responses,
+                                                     max_items=cfg.max_items, style="compact")
+    prompts, targets = world.generator_examples(tokenizer, random.Random(0), 64, cfg)
+    focused = 0
+    for ids, target in zip(prompts, targets):
+        question, *shown = _slot_texts(tokenizer, template, ids)
+        assert question.startswith(task.INSTRUCTION) and len(shown) == cfg.num_responses
+        contested = task.contested_digits(question, shown)
+        first = tokenizer.decode(target[:-1]).splitlines()[0].split(" ")[-1]
+        focused += first in contested if contested else 1
+    assert focused == len(prompts)
+
+
 def test_verifier_examples_are_balanced_and_labelled_by_the_checker(tokenizer):
     prompts, targets = world.verifier_examples(tokenizer, random.Random(0), 200)
     yes = tokenizer.encode("yes", add_special_tokens=False)
@@ -135,6 +208,8 @@ def test_verifier_examples_are_balanced_and_labelled_by_the_checker(tokenizer):
     ("runs", ("coevolve", "stale"), "unknown toy runs \\['stale'\\]"),
     ("policy_mistakes", "keep_small", "ToyWorldConfig.policy_mistakes 'keep_small'"),
     ("teacher_sound", "has", "ToyWorldConfig.teacher_sound 'has'"),
+    ("teacher_focus", "answers", "ToyWorldConfig.teacher_focus 'answers'"),
+    ("anchors", "random", "ToyWorldConfig.anchors 'random'"),
 ])
 def test_toy_config_names_a_bad_choice(field, value, message):
     with pytest.raises(ValueError, match=message):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -171,8 +172,52 @@ def policy_warm_start_answer(prompt: str, rng: random.Random, p_correct: float,
     return flawed_answer(prompt, rng, errors)
 
 
-def anchor_answers(prompt: str, rng: random.Random, count: int) -> list[str]:
-    """``count`` non-empty answers of strictly decreasing quality, the correct one first."""
+ANCHOR_KINDS = ("covering", "distinct")  # how `anchor_answers` picks a list's answers
+
+
+def anchor_answers(prompt: str, rng: random.Random, count: int,
+                   kind: str = "covering") -> list[str]:
+    """``count`` distinct answers best-first, the correct one first: ``"covering"`` (one of
+    each kind of single mistake, then noisy answers) or ``"distinct"`` (noisy answers of
+    strictly falling quality, picked at random)."""
+    if kind == "distinct":
+        return _distinct_quality_answers(prompt, rng, count)
+    return _covering_answers(prompt, rng, count)
+
+
+def _covering_answers(prompt: str, rng: random.Random, count: int) -> list[str]:
+    """The correct answer, a big digit dropped, a small digit kept, then noisy answers.
+
+    Covering both mistakes gives the anchor reward a say about a mistake the policy does not
+    make yet: a rubric with no item that catches it ties the correct answer with the flawed
+    one and earns less anchor reward. With random noisy anchors the generator's rounds against
+    a policy that never dropped a big digit erased its ``has <big>`` items (they pass every
+    such answer, so discriminability prunes them). Measured in the toy world, covering anchors
+    alone do not keep those items either (README, issue 12)."""
+    if count < 3:
+        raise ValueError(f"num_anchors {count}: the anchor lists need the correct answer and "
+                         "one of each kind of mistake (3 or more)")
+    digits = digits_of(prompt)
+    target = target_of(prompt)
+    big = [i for i, d in enumerate(digits) if d > "4"]
+    small = [i for i, d in enumerate(digits) if d <= "4"]
+    flip = {rng.choice(big), rng.choice(small)}
+    answers = [target, *("".join(d for j, d in enumerate(digits) if (d > "4") != (j == i))
+                         for i in sorted(flip))]
+    for _ in range(500):
+        if len(answers) == count:
+            break
+        answer = noisy_answer(prompt, rng)
+        if answer and answer not in answers:
+            answers.append(answer)
+    if len(answers) < count:
+        raise ValueError(f"{prompt!r}: found only {len(answers)} distinct answers")
+    return sorted(answers, key=lambda a: -quality(a, prompt))
+
+
+def _distinct_quality_answers(prompt: str, rng: random.Random, count: int) -> list[str]:
+    """The correct answer, then ``count - 1`` of 500 noisy answers' distinct qualities at
+    random (no ties; which mistakes appear is left to chance)."""
     target = target_of(prompt)
     by_quality: dict[float, str] = {1.0: target}
     for _ in range(500):
@@ -186,15 +231,23 @@ def anchor_answers(prompt: str, rng: random.Random, count: int) -> list[str]:
     return [target, *(ranked[i] for i in picked)]
 
 
-def anchor_rows(n: int, seed: int, num_anchors: int) -> list[dict]:
-    """``n`` rows in the anchor schema ``{id, prompt, answers: [{answer, rank}]}``."""
+def anchor_ranks(answers: Sequence[str], prompt: str) -> list[int]:
+    """1-based reference ranks by `quality`, equal quality sharing a rank (a tie)."""
+    qualities = [quality(a, prompt) for a in answers]
+    return [1 + sum(other > q for other in qualities) for q in qualities]
+
+
+def anchor_rows(n: int, seed: int, num_anchors: int, kind: str = "covering") -> list[dict]:
+    """``n`` rows in the anchor schema ``{id, prompt, answers: [{answer, rank}]}`` (``kind``:
+    `anchor_answers`)."""
     rng = random.Random(seed)
     rows = []
     for i in range(n):
         prompt, _ = make_prompt(rng)
-        answers = anchor_answers(prompt, rng, num_anchors)
+        answers = anchor_answers(prompt, rng, num_anchors, kind)
         rows.append({"id": f"big-{seed}-{i}", "prompt": prompt,
-                     "answers": [{"answer": a, "rank": r + 1} for r, a in enumerate(answers)]})
+                     "answers": [{"answer": a, "rank": r}
+                                 for a, r in zip(answers, anchor_ranks(answers, prompt))]})
     return rows
 
 
@@ -272,15 +325,30 @@ def sound_criterion(prompt: str, rng: random.Random, kinds: str = "both") -> str
     return f"{'has' if digit > '4' else 'omits'} {digit}"
 
 
+def contested_digits(prompt: str, answers: Sequence[str]) -> list[str]:
+    """The prompt's digits that some but not all of ``answers`` contain: the digits an item
+    must be about to tell those answers apart."""
+    return [d for d in digits_of(prompt) if 0 < sum(d in a for a in answers) < len(answers)]
+
+
 def teacher_rubric(prompt: str, rng: random.Random, max_items: int, informed: float,
-                   sound_kinds: str = "both") -> str:
+                   sound_kinds: str = "both", focus: Sequence[str] = ()) -> str:
     """The generator's cold-start target: valid rubric lines with random weights, each item
     sound (`sound_criterion`) with probability ``informed`` and otherwise random
     (`random_criterion`: half of those reward a mistake). A partly informed generator is a
     weak, exploitable evaluator: which items tell good answers from bad, and which the
-    policy's current answers differ on, is left for the co-evolution to learn."""
+    policy's current answers differ on, is left for the co-evolution to learn.
+
+    ``focus`` (the `contested_digits` of the answers the generator is shown): the first items
+    are about those digits, each with the sound sign with probability ``informed`` and a random
+    one otherwise. Such a teacher shows the answer-seeing generator *where* to look (what its
+    candidates differ on) but only half of *which way* an item should point there."""
     count = rng.randint(min(2, max_items), max_items)
     items: list[str] = []
+    for digit in rng.sample(list(focus), min(count, len(focus))):
+        sound = "has" if digit > "4" else "omits"
+        items.append(f"{sound if rng.random() < informed else rng.choice(('has', 'omits'))} "
+                     f"{digit}")
     while len(items) < count:
         if rng.random() < informed:
             criterion = sound_criterion(prompt, rng, sound_kinds)

@@ -143,7 +143,7 @@ def write_data(workdir: Path, cfg: GenRubricWorldConfig) -> dict[str, Path]:
     """Training queries (the anchor schema the loader reads; GenRubric reads the query only)
     and the held-out expert rows (HealthBench schema), as JSONL from the seed."""
     paths = {"train": workdir / "data" / "train.jsonl", "eval": workdir / "data" / "eval.jsonl"}
-    rows = {"train": lambda: task.anchor_rows(2000, cfg.seed, 2),
+    rows = {"train": lambda: task.anchor_rows(2000, cfg.seed, 2, "distinct"),
             "eval": lambda: sr.expert_rows(cfg.eval_queries, cfg.seed + 10_000)}
     for name, path in paths.items():
         if not path.exists():
