@@ -249,3 +249,13 @@ def test_only_the_compared_runs_evaluate_on_the_held_out_set(tmp_path):
     for name in world.RUNS:
         c = world.run_config(name, tmp_path, paths, cfg, tmp_path / "models" / "generator")
         assert (c.data.eval, c.eval_every) == (str(paths["eval"]), cfg.eval_every)
+
+
+def test_every_compared_run_pulls_its_policy_toward_the_warm_start_by_the_same_kl(tmp_path):
+    """The policy KL is the world's, in every compared run alike (a baseline with another KL
+    would not be comparable); the generators' own rounds leave the policy frozen."""
+    cfg = world.ToyWorldConfig(policy_beta=0.07)
+    paths = world.write_data(tmp_path, cfg)
+    for name in world.RUNS:
+        c = world.run_config(name, tmp_path, paths, cfg, tmp_path / "models" / "generator")
+        assert c.round.policy_beta == 0.07 and not c.round.freeze_policy
