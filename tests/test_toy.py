@@ -119,6 +119,8 @@ def test_distinct_anchor_lists_rank_the_correct_answer_first_by_strictly_falling
 def test_anchor_lists_need_room_for_both_mistakes():
     with pytest.raises(ValueError, match="num_anchors 2"):
         task.anchor_answers("big 381729", random.Random(0), 2)
+    with pytest.raises(ValueError, match="kind 'random' is not one of"):
+        task.anchor_answers("big 381729", random.Random(0), 3, "random")
 
 
 def test_teacher_rubrics_follow_the_grammar(tokenizer):

@@ -24,8 +24,8 @@ oracle reward and the held-out evaluation's ground truth.
 from __future__ import annotations
 
 import random
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -133,12 +133,17 @@ def oracle_reward(response_tokens: jax.Array, response_len: jax.Array, question:
 
 
 # ------------------------------------------------------------------------------ answers
+def flipped_answer(prompt: str, flip: set[int]) -> str:
+    """The correct answer with the digits at positions ``flip`` of the prompt's digits
+    flipped: a small one kept, a big one dropped."""
+    return "".join(d for i, d in enumerate(digits_of(prompt)) if (d > "4") != (i in flip))
+
+
 def flawed_answer(prompt: str, rng: random.Random, errors: int) -> str:
     """The prompt's digits in order, keeping the big ones, with ``errors`` mistakes: a small
     digit kept or a big digit dropped (each digit flipped at most once)."""
     digits = digits_of(prompt)
-    flip = set(rng.sample(range(len(digits)), min(errors, len(digits))))
-    return "".join(d for i, d in enumerate(digits) if (d > "4") != (i in flip))
+    return flipped_answer(prompt, set(rng.sample(range(len(digits)), min(errors, len(digits)))))
 
 
 def noisy_answer(prompt: str, rng: random.Random) -> str:
@@ -180,6 +185,8 @@ def anchor_answers(prompt: str, rng: random.Random, count: int,
     """``count`` distinct answers best-first, the correct one first: ``"covering"`` (one of
     each kind of single mistake, then noisy answers) or ``"distinct"`` (noisy answers of
     strictly falling quality, picked at random)."""
+    if kind not in ANCHOR_KINDS:
+        raise ValueError(f"kind {kind!r} is not one of {ANCHOR_KINDS}")
     if kind == "distinct":
         return _distinct_quality_answers(prompt, rng, count)
     return _covering_answers(prompt, rng, count)
@@ -201,9 +208,8 @@ def _covering_answers(prompt: str, rng: random.Random, count: int) -> list[str]:
     target = target_of(prompt)
     big = [i for i, d in enumerate(digits) if d > "4"]
     small = [i for i, d in enumerate(digits) if d <= "4"]
-    flip = {rng.choice(big), rng.choice(small)}
-    answers = [target, *("".join(d for j, d in enumerate(digits) if (d > "4") != (j == i))
-                         for i in sorted(flip))]
+    answers = [target, *(flipped_answer(prompt, {i})
+                         for i in sorted({rng.choice(big), rng.choice(small)}))]
     for _ in range(500):
         if len(answers) == count:
             break
@@ -321,7 +327,12 @@ def sound_criterion(prompt: str, rng: random.Random, kinds: str = "both") -> str
     digits = digits_of(prompt)
     if kinds == "omits":
         digits = [d for d in digits if d <= "4"]
-    digit = rng.choice(digits)
+    return sound_item(rng.choice(digits))
+
+
+def sound_item(digit: str) -> str:
+    """The item about ``digit`` that a correct answer meets: ``has`` it if big, else
+    ``omits``."""
     return f"{'has' if digit > '4' else 'omits'} {digit}"
 
 
@@ -346,9 +357,8 @@ def teacher_rubric(prompt: str, rng: random.Random, max_items: int, informed: fl
     count = rng.randint(min(2, max_items), max_items)
     items: list[str] = []
     for digit in rng.sample(list(focus), min(count, len(focus))):
-        sound = "has" if digit > "4" else "omits"
-        items.append(f"{sound if rng.random() < informed else rng.choice(('has', 'omits'))} "
-                     f"{digit}")
+        items.append(sound_item(digit) if rng.random() < informed
+                     else f"{rng.choice(('has', 'omits'))} {digit}")
     while len(items) < count:
         if rng.random() < informed:
             criterion = sound_criterion(prompt, rng, sound_kinds)
