@@ -144,6 +144,38 @@ def test_an_expert_criterion_is_encoded_as_the_parser_reads_a_generated_item(
         assert common.item(tok, criterion, 3, 8).ids == want, criterion
 
 
+def test_rubric_coverage_counts_what_each_logged_rubric_names_of_its_query(tmp_path):
+    from jaxrubric.toy import diagnostics
+
+    prompt = task.INSTRUCTION + "9817204"  # big digits 9, 8, 7
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "eval.jsonl").write_text(json.dumps(
+        {"prompt_id": "q", "prompt": [{"role": "user", "content": prompt}]}) + "\n")
+    run = tmp_path / "runs" / "evolving"
+    run.mkdir(parents=True)
+    rubrics = [
+        # 9 kept (sound), 2 dropped (sound), 5 absent, 9 repeated with the sign that agrees
+        [[3, "has 9"], [-2, "has 2"], [4, "omits 5"], [1, "omits 9"]],
+        # 8 asked to be dropped (unsound) and an item outside the language
+        [[2, "omits 8"], [1, "hs 7"]],
+        [[5, "has 7"]],  # the greedy rubric, written last: left out
+    ]
+    (run / "eval_scores.jsonl").write_text(json.dumps(
+        {"round": 0, "id": "q", "row": 0, "rubrics": rubrics}) + "\n")
+    coverage = diagnostics.rubric_coverage(tmp_path)
+    assert list(coverage) == [0]
+    c = coverage[0]
+    assert c["items"] == 3.0  # (4 + 2) / 2
+    assert c["in_language"] == pytest.approx(5 / 6)
+    assert c["absent"] == pytest.approx(1 / 5)  # "omits 5" of the 5 items in the language
+    assert c["repeated"] == pytest.approx(1 / 5)  # the second item on 9
+    # On the query's digits: has 9, has 2 (w < 0), omits 9 (w > 0: unsound), omits 8 (unsound).
+    assert c["sound"] == pytest.approx(2 / 4)
+    assert c["distinct_digits"] == pytest.approx((2 + 1) / 2)  # {9, 2} and {8}
+    # Net instructions: keep 9 (3 - 1 > 0, right), drop 2 (right); drop 8 (wrong).
+    assert c["sound_digits"] == pytest.approx((2 + 0) / 2)
+
+
 def test_method_picks_a_toy_world_and_is_refused_with_a_config(tmp_path):
     from helpers import ROOT
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxrubric.toy import world
+from jaxrubric.toy import diagnostics, world
 
 # With the old defaults' verifier (never shown a malformed item) and no generator KL, this short
 # world's generator learned junk items the verifier says yes to (33% in the language after 10
@@ -62,8 +62,9 @@ def test_toy_world_quality_rises_and_the_notebook_runs(tmp_path, monkeypatch):
     gaps = summary["anchor_delta_gap"]["coevolve"]
     assert len(gaps) == len(quality) and all(np.isfinite(g) for g in gaps), gaps
     assert (workdir / "quality.png").stat().st_size > 1000
-    assert world.verifier_accuracy(workdir, n=256) > 0.9
-    start, end = world.mistake_profile(workdir), world.mistake_profile(workdir, "coevolve")
+    assert diagnostics.verifier_accuracy(workdir, n=256) > 0.9
+    start = diagnostics.mistake_profile(workdir)
+    end = diagnostics.mistake_profile(workdir, "coevolve")
     assert end["keeps_a_small_digit"] < start["keeps_a_small_digit"], (start, end)
 
     nbformat = pytest.importorskip("nbformat")

@@ -1,0 +1,192 @@
+"""What the toy worlds' roles have learned, read back from a workdir: the checks behind the
+README's diagnoses.
+
+- `verifier_accuracy`: the frozen verifier's accuracy on fresh checker-labelled triples;
+- `mistake_profile` (DynamicRubric world): which mistakes a run's policy makes;
+- `rubric_profile` (DynamicRubric world): which kinds of item a run's generator writes;
+- `rubric_coverage` (GenRubric world): how much of each held-out query a run's written rubrics
+  cover, round by round, read from the rubrics its evaluations logged.
+
+Each samples or reads what a run saved and changes nothing; none is needed to train.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import defaultdict
+from pathlib import Path
+
+import jax
+import numpy as np
+
+import jaxrubric
+from jaxrubric.rubric import templates as tpl
+from jaxrubric.toy import digits_task as task
+from jaxrubric.toy import signed_rubrics as sr
+from jaxrubric.toy import world
+
+
+def verifier_accuracy(workdir: str | Path, n: int = 512, seed: int = 1234,
+                      malformed: bool = False) -> float:
+    """Held-out accuracy of the saved verifier on fresh checker-labelled triples (a check that
+    its warm start worked; the round reads the same yes/no probabilities); `malformed`: on
+    criteria outside the language (accuracy = the share it says "no" to)."""
+    workdir = Path(workdir)
+    tokenizer = jaxrubric.load_tokenizer(workdir / "tokenizer")
+    model = jaxrubric.load_pretrained(workdir / "models" / "verifier")
+    prompts, targets = world.verifier_examples(tokenizer, random.Random(seed), n, malformed)
+    template = tpl.verifier_template(tokenizer, style="compact")
+    from jaxrubric.rubric.verifier import verifier_readout, yes_probability
+    readout = verifier_readout(tokenizer, template)
+    width = max(map(len, prompts))
+    tokens = np.full((n, width), tokenizer.pad_token_id, np.int32)
+    lengths = np.array([len(p) for p in prompts])
+    for i, p in enumerate(prompts):
+        tokens[i, :len(p)] = p
+    mask = np.arange(width)[None] < lengths[:, None]
+    logits = model(tokens, attention_mask=mask)[np.arange(n), lengths - 1]
+    p_yes = np.asarray(yes_probability(logits, readout.yes_ids, readout.no_ids))
+    labels = np.array([t[0] in readout.yes_ids for t in targets])
+    return float(np.mean((p_yes > 0.5) == labels))
+
+
+def mistake_profile(workdir: str | Path, run: str | None = None, *, samples: int = 4,
+                    seed: int = 7) -> dict[str, float]:
+    """What the policy of `run` (its latest checkpoint; None: the warm start) gets wrong on
+    the held-out questions: its mean quality and the share of its sampled answers that drop a
+    big digit or keep a small one. This is what separates the runs' curves (a stale evaluator
+    never penalises the mistake the policy learns after its warm start)."""
+    from jaxrubric.sampling import generate
+    from jaxrubric.train import export
+
+    workdir = Path(workdir)
+    tokenizer = jaxrubric.load_tokenizer(workdir / "tokenizer")
+    model_dir = workdir / "models" / "policy"
+    if run is not None:
+        model_dir = workdir / "exported" / run
+        if not (model_dir / "config.json").exists():
+            export(workdir / "runs" / run, "policy", model_dir, oracle=task.oracle_reward)
+    rows = [json.loads(line) for line in (workdir / "data" / "eval.jsonl").read_text().splitlines()]
+    out = generate(jaxrubric.load_pretrained(model_dir),
+                   [world.policy_prompt(tokenizer, r["prompt"]) for r in rows], max_new_tokens=8,
+                   rng=jax.random.key(seed), num_samples=samples, pad_id=tokenizer.pad_token_id)
+    quality, drops_big, keeps_small = [], [], []
+    for row, tokens, lengths in zip(rows, np.asarray(out.tokens), np.asarray(out.lengths)):
+        digits = task.digits_of(row["prompt"])
+        for ids, n in zip(tokens, lengths):
+            answer = tokenizer.decode(ids[:n], skip_special_tokens=True)
+            quality.append(task.quality(answer, row["prompt"]))
+            drops_big.append(any(d > "4" and d not in answer for d in digits))
+            keeps_small.append(any(d <= "4" and d in answer for d in digits))
+    return {"quality": float(np.mean(quality)), "drops_a_big_digit": float(np.mean(drops_big)),
+            "keeps_a_small_digit": float(np.mean(keeps_small))}
+
+
+
+def rubric_profile(workdir: str | Path, run: str | None = None, *, questions: int = 64,
+                   seed: int = 7) -> dict[str, float]:
+    """What the generator of `run` (its latest checkpoint; None: the generator every run starts
+    from) writes for held-out questions and its run's policy's answers (the warm start's for
+    None), grammar-constrained as in a round: the weighted share of its items inside the
+    criterion language, and of those that catch each kind of mistake (``has`` a big digit:
+    one dropped; ``omits`` a small digit: one kept) or reward one (``has`` small, ``omits``
+    big), and of those about a digit the answers it is shown differ on ("contested": the only
+    items that can tell them apart). A generator whose items leave the language is exploiting
+    the verifier."""
+    from jaxrubric.rubric.grammar import POSITIVE_WEIGHTS, build_rubric_grammar
+    from jaxrubric.sampling import generate
+    from jaxrubric.train import export
+
+    workdir = Path(workdir)
+    cfg = json.loads((workdir / "toy_config.json").read_text())
+    tokenizer = jaxrubric.load_tokenizer(workdir / "tokenizer")
+    static = run in world.STATIC_RUNS
+    generator_dir = workdir / "models" / ("generator_static" if static else "generator")
+    policy_dir = workdir / "models" / "policy"
+    if run is not None:
+        generator_dir = workdir / "exported" / f"{run}_generator"
+        policy_dir = workdir / "exported" / run
+        for role, out in (("generator", generator_dir), ("policy", policy_dir)):
+            if not (out / "config.json").exists():
+                export(workdir / "runs" / run, role, out, oracle=task.oracle_reward)
+    rows = [json.loads(line) for line in
+            (workdir / "data" / "eval.jsonl").read_text().splitlines()][:questions]
+    k = cfg["num_responses"]
+    key = jax.random.key(seed)
+    answers = generate(jaxrubric.load_pretrained(policy_dir),
+                       [world.policy_prompt(tokenizer, r["prompt"]) for r in rows],
+                       max_new_tokens=8, rng=key, num_samples=k, pad_id=tokenizer.pad_token_id)
+    template = tpl.dynamic_rubric_generator_template(
+        tokenizer, 0 if static else k, max_items=cfg["max_items"], style="compact")
+    prompts, contested = [], []
+    for row, tokens, lengths in zip(rows, np.asarray(answers.tokens), np.asarray(answers.lengths)):
+        shown = [tokenizer.decode(ids[:n], skip_special_tokens=True)
+                 for ids, n in zip(tokens, lengths)]
+        contested.append(task.contested_digits(row["prompt"], shown))
+        prompts.append(world.template_ids(template, tokenizer, row["prompt"],
+                                     *([] if static else shown)))
+    grammar = build_rubric_grammar(tokenizer, weights=POSITIVE_WEIGHTS,
+                                   max_items=cfg["max_items"],
+                                   max_item_tokens=cfg["max_item_tokens"])
+    rubrics = generate(jaxrubric.load_pretrained(generator_dir), prompts,
+                       max_new_tokens=grammar.max_rubric_tokens, rng=jax.random.fold_in(key, 1),
+                       num_samples=8, grammar=grammar, pad_id=tokenizer.pad_token_id)
+    kinds = dict.fromkeys(("in_language", "has_big", "omits_small", "has_small", "omits_big",
+                           "contested"), 0.0)
+    total = 0.0
+    for row, tokens, lengths, differ in zip(rows, np.asarray(rubrics.tokens),
+                                            np.asarray(rubrics.lengths), contested):
+        for ids, n in zip(tokens, lengths):
+            for line in tokenizer.decode(ids[:n], skip_special_tokens=True).splitlines():
+                weight, _, criterion = line.partition("] ")
+                if not weight.startswith("[") or not criterion:
+                    continue
+                w = float(weight[1:])
+                total += w
+                if task.in_language(criterion):
+                    kinds["in_language"] += w
+                    op, digit = criterion.split(" ")
+                    big = digit > "4"
+                    kinds[f"{op}_{'big' if big else 'small'}"] += w * (digit in row["prompt"])
+                    kinds["contested"] += w * (digit in differ)
+    return {name: value / max(total, 1.0) for name, value in kinds.items()}
+
+
+def rubric_coverage(workdir: str | Path, run: str = "evolving") -> dict[int, dict[str, float]]:
+    """Per evaluated round of a GenRubric world's `run`, what its sampled held-out rubrics say
+    about their query (`eval_scores.jsonl`; the greedy rubric, written last, is left out):
+    items per rubric; the share of items in the criterion language; of those, the share about
+    a digit the query does not have (``absent``: no answer can differ on it) and the share that
+    repeat a digit an earlier item names (``repeated``); the share of items on the query's
+    digits that the expert rubric agrees with (``sound``); the distinct query digits a rubric
+    names (``distinct_digits``) and those its net instruction gets right (``sound_digits``:
+    what the answerer follows, `signed_rubrics.keep_votes`). Agreement with the expert rubric
+    is bounded by the last two: a rubric of 4 items names at most 4 of a query's 7 digits."""
+    workdir = Path(workdir)
+    prompts = {}
+    for line in (workdir / "data" / "eval.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        prompts[row["prompt_id"]] = row["prompt"][0]["content"]
+    stats: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for line in (workdir / "runs" / run / "eval_scores.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        prompt, out = prompts[row["id"]], stats[row["round"]]
+        digits = task.digits_of(prompt)
+        for rubric in row["rubrics"][:-1]:
+            items = [(criterion, weight) for weight, criterion in rubric]
+            named = [c[-1] for c, _ in items if task.in_language(c)]
+            present = [d for d in named if d in digits]
+            out["items"].append(len(items))
+            out["in_language"] += [task.in_language(c) for c, _ in items]
+            out["absent"] += [d not in digits for d in named]
+            out["repeated"] += [d in named[:i] for i, d in enumerate(named)]
+            out["sound"] += [ok for item in items
+                             if (ok := sr.item_soundness(prompt, item)) is not None]
+            out["distinct_digits"].append(len(set(present)))
+            votes = [sr.keep_votes(items, d) for d in digits]
+            out["sound_digits"].append(sum(v != 0 and (v > 0) == (d > "4")
+                                           for v, d in zip(votes, digits)))
+    return {round_: {name: float(np.mean(values)) if values else float("nan")
+                     for name, values in by_name.items()}
+            for round_, by_name in sorted(stats.items())}
