@@ -1,5 +1,6 @@
-"""The GenRubric toy world's pieces: expert rubrics, rubric following, held-out rows, and the
-agreement it reads back from a run's written rubrics."""
+"""The GenRubric toy world's pieces (expert rubrics, rubric following, held-out rows, the
+agreement and coverage it reads back from a run's written rubrics), and a shortened world in
+which self-evolution must raise agreement with the expert rubric above its control's."""
 
 from __future__ import annotations
 
@@ -213,13 +214,18 @@ def test_train_method_genrubric_runs_the_genrubric_world(tmp_path, monkeypatch):
 
 
 # A few supervised steps and rounds: the plumbing, not the learning.
-TINY = gw.GenRubricWorldConfig(rounds=2, eval_every=1, batch_size=4, num_rubrics=3,
-                               eval_queries=8, eval_rubric_runs=2, verifier_steps=30,
-                               answerer_steps=30, generator_steps=30, bootstrap=200)
+# The defaults shortened to 20 rounds and 64 held-out queries: the warm starts are the full
+# world's (a weaker answerer, 400 supervised steps, followed 0.67 of the named digits against
+# 0.93, and self-evolution then lowered agreement: -0.17 on seed 0), so this costs most of a
+# world's warm-up. Runs are deterministic and a run's rounds do not depend on how many follow,
+# so these 20 rounds are the first 20 of the README's seeds table: on its first 64 queries the
+# evolving run rises +0.18 / +0.12 / +0.17 on seeds 0 / 1 / 2 (paired 95% bootstrap half-width
+# about 0.07) and leads the shuffled-credit control by +0.33 / +0.16 / +0.26.
+SHORT = gw.GenRubricWorldConfig(rounds=20, eval_every=20, eval_queries=64, bootstrap=1000)
 
 
 @pytest.mark.slow
-def test_the_world_runs_end_to_end_and_its_summary_recomputes_the_logged_agreement(tmp_path):
+def test_a_short_world_raises_agreement_and_its_summary_recomputes_the_logged_one(tmp_path):
     import dataclasses
     import os
     import subprocess
@@ -228,7 +234,7 @@ def test_the_world_runs_end_to_end_and_its_summary_recomputes_the_logged_agreeme
     from jaxrubric.train_loop import read_eval_history
 
     workdir = tmp_path / "genrubric"
-    over = {k: v for k, v in dataclasses.asdict(TINY).items()
+    over = {k: v for k, v in dataclasses.asdict(SHORT).items()
             if v != getattr(gw.GenRubricWorldConfig(), k)}
     script = ("import json, sys\nfrom jaxrubric.toy import genrubric_world as gw\n"
               "gw.run_genrubric_world(sys.argv[1], gw.GenRubricWorldConfig(**json.loads("
@@ -237,18 +243,23 @@ def test_the_world_runs_end_to_end_and_its_summary_recomputes_the_logged_agreeme
     env["XLA_FLAGS"] = env.get("XLA_FLAGS", "").replace(
         "--xla_force_host_platform_device_count=8", "").strip()
     subprocess.run([sys.executable, "-c", script, str(workdir), json.dumps(over)], env=env,
-                   check=True, timeout=900)
+                   check=True, timeout=1800)
     summary = json.loads((workdir / "summary.json").read_text())
-    assert summary["rounds"] == [0, 1, 2]
+    assert summary["rounds"] == [0, 20]
     for name in ("evolving", "control", "checker_judged"):
         assert set(summary[name]) == {"spearman", "kendall_tau_b", "top1", "pairwise"}
-        assert all(len(v) == 3 for v in summary[name].values())
+        assert all(len(v) == 2 for v in summary[name].values())
     # Both runs start from the same cold start and evaluate with the same key.
     assert summary["evolving"]["pairwise"][0] == summary["control"]["pairwise"][0]
-    assert {"evolving_rise", "control_rise", "checker_judged_rise",
-            "evolving_minus_control"} <= set(summary["intervals"])
+    # The claim, with the margin half the smallest rise and lead measured on three seeds (above):
+    # a different CPU's rounding is another training draw, not the same run.
+    intervals = summary["intervals"]
+    assert intervals["evolving_rise"]["spearman"]["mean"] >= 0.06, intervals["evolving_rise"]
+    assert intervals["evolving_minus_control"]["spearman"]["mean"] >= 0.06, intervals
+    assert summary["evolving"]["pairwise"][-1] > summary["evolving"]["pairwise"][0]
     assert set(summary["rubric_following"]) == {"follows_named_digits", "keeps_unnamed_digits",
                                                 "in_order"}
+    assert summary["rubric_following"]["follows_named_digits"] > 0.8
     # The summary's verifier-judged agreement is the one the training loop logged.
     for name in gw.RUNS:
         logged = read_eval_history(workdir / "runs" / name)
