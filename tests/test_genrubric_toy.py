@@ -1,6 +1,7 @@
 """The GenRubric toy world's pieces (expert rubrics, rubric following, held-out rows, the
-agreement and coverage it reads back from a run's written rubrics), and a shortened world in
-which self-evolution must raise agreement with the expert rubric above its control's."""
+agreement and coverage it reads back from a run's written rubrics), and the world itself,
+evaluated on fewer queries, in which self-evolution must raise agreement with the expert
+rubric above its control's."""
 
 from __future__ import annotations
 
@@ -214,18 +215,19 @@ def test_train_method_genrubric_runs_the_genrubric_world(tmp_path, monkeypatch):
 
 
 # A few supervised steps and rounds: the plumbing, not the learning.
-# The defaults shortened to 20 rounds and 64 held-out queries: the warm starts are the full
-# world's (a weaker answerer, 400 supervised steps, followed 0.67 of the named digits against
-# 0.93, and self-evolution then lowered agreement: -0.17 on seed 0), so this costs most of a
-# world's warm-up. Runs are deterministic and a run's rounds do not depend on how many follow,
-# so these 20 rounds are the first 20 of the README's seeds table: on its first 64 queries the
-# evolving run rises +0.18 / +0.12 / +0.17 on seeds 0 / 1 / 2 (paired 95% bootstrap half-width
-# about 0.07) and leads the shuffled-credit control by +0.33 / +0.16 / +0.26.
-SHORT = gw.GenRubricWorldConfig(rounds=20, eval_every=20, eval_queries=64, bootstrap=1000)
+# The defaults evaluated at the start and the end only, on 64 held-out queries: the claim needs
+# the full 60 rounds. At 20 rounds one training draw in six was below its control (seed 0 with
+# another answerer draw: 0.370 against 0.446), and a weaker answerer (400 supervised steps,
+# following 0.67 of the named digits against 0.93) lowered agreement (-0.17). Over six draws
+# (seeds 0/1/2 and each with a second answerer draw, README) the rise on these 64 queries at
+# round 60 was +0.056 to +0.237 and the lead over the shuffled-credit control +0.084 to
+# +0.272: the test asks about half the smallest of each. Runs are deterministic on one machine;
+# another CPU's rounding is another draw.
+SHORT = gw.GenRubricWorldConfig(eval_every=60, eval_queries=64, bootstrap=1000)
 
 
 @pytest.mark.slow
-def test_a_short_world_raises_agreement_and_its_summary_recomputes_the_logged_one(tmp_path):
+def test_the_world_raises_agreement_above_its_control_and_recomputes_the_logged_one(tmp_path):
     import dataclasses
     import os
     import subprocess
@@ -245,18 +247,17 @@ def test_a_short_world_raises_agreement_and_its_summary_recomputes_the_logged_on
     subprocess.run([sys.executable, "-c", script, str(workdir), json.dumps(over)], env=env,
                    check=True, timeout=1800)
     summary = json.loads((workdir / "summary.json").read_text())
-    assert summary["rounds"] == [0, 20]
+    assert summary["rounds"] == [0, 60]
     for name in ("evolving", "control", "checker_judged"):
         assert set(summary[name]) == {"spearman", "kendall_tau_b", "top1", "pairwise"}
         assert all(len(v) == 2 for v in summary[name].values())
     # Both runs start from the same cold start and evaluate with the same key.
     assert summary["evolving"]["pairwise"][0] == summary["control"]["pairwise"][0]
-    # The claim, with the margin half the smallest rise and lead measured on three seeds (above):
-    # a different CPU's rounding is another training draw, not the same run.
+    # The claim, with margins about half the smallest of six draws (above).
     intervals = summary["intervals"]
-    assert intervals["evolving_rise"]["spearman"]["mean"] >= 0.06, intervals["evolving_rise"]
-    assert intervals["evolving_minus_control"]["spearman"]["mean"] >= 0.06, intervals
-    assert summary["evolving"]["pairwise"][-1] > summary["evolving"]["pairwise"][0]
+    assert intervals["evolving_rise"]["spearman"]["mean"] >= 0.03, intervals["evolving_rise"]
+    assert intervals["evolving_minus_control"]["spearman"]["mean"] >= 0.04, intervals
+    assert summary["evolving"]["pairwise"][-1] > summary["control"]["pairwise"][-1]
     assert set(summary["rubric_following"]) == {"follows_named_digits", "keeps_unnamed_digits",
                                                 "in_order"}
     assert summary["rubric_following"]["follows_named_digits"] > 0.8
