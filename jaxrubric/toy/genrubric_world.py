@@ -83,7 +83,8 @@ class GenRubricWorldConfig:
     # Generator cold start: share of items drawn sound, the rest random (half of those sound
     # too: about 0.75 in all; the cold start samples 0.77 sound at the generator temperature).
     # At 0.8 (0.96 sampled sound) soundness had nowhere to go, and the rise came from writing
-    # more items only (+0.04 to +0.08 Spearman); from 0.5 it rises +0.14 to +0.23 (README).
+    # more items only (+0.04 to +0.08 Spearman); from 0.5 it rises +0.14 to +0.23 on seeds
+    # 0-2 (a second training draw of each: -0.02 to +0.19; README).
     # Before the temperature, KL and 12 groups below, 0.5 drifted away from sound items.
     teacher_informed: float = 0.5
     verifier_steps: int = 300
@@ -93,8 +94,8 @@ class GenRubricWorldConfig:
     generator_steps: int = 300
     sft_batch: int = 64
     sft_lr: float = 1e-3
-    # 2e-4 from the 0.5 cold start: +0.15 / +0.17 / +0.06 on seeds 0 / 1 / 2 (seed 2 still
-    # rising at round 40); 4e-4: +0.14 / +0.23 / +0.20 (README).
+    # From the 0.5 cold start, 2e-4 gave +0.15 / +0.17 / +0.06 on seeds 0 / 1 / 2 (seed 2 flat
+    # for its first 20 rounds); 4e-4 gave +0.14 / +0.23 / +0.20 (README).
     generator_lr: float = 4e-4
     # KL of the generator to its cold start (RoundConfig.generator_beta): without it the
     # character-level generator collapsed into text outside the language within 20 rounds.
