@@ -151,8 +151,8 @@ def test_rubric_coverage_counts_what_each_logged_rubric_names_of_its_query(tmp_p
 
     prompt = task.INSTRUCTION + "9817204"  # big digits 9, 8, 7
     (tmp_path / "data").mkdir()
-    (tmp_path / "data" / "eval.jsonl").write_text(json.dumps(
-        {"prompt_id": "q", "prompt": [{"role": "user", "content": prompt}]}) + "\n")
+    (tmp_path / "data" / "eval.jsonl").write_text(
+        json.dumps(sr.expert_row("q", prompt, random.Random(0))) + "\n")
     run = tmp_path / "runs" / "evolving"
     run.mkdir(parents=True)
     rubrics = [
@@ -162,8 +162,10 @@ def test_rubric_coverage_counts_what_each_logged_rubric_names_of_its_query(tmp_p
         [[2, "omits 8"], [1, "hs 7"]],
         [[5, "has 7"]],  # the greedy rubric, written last: left out
     ]
-    (run / "eval_scores.jsonl").write_text(json.dumps(
-        {"round": 0, "id": "q", "row": 0, "rubrics": rubrics}) + "\n")
+    # A resumed run logs round 0 again: the later row is the one read.
+    superseded = {"round": 0, "id": "q", "row": 0, "rubrics": [[[1, "has 1"]], [[1, "has 2"]]]}
+    (run / "eval_scores.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (
+        superseded, {"round": 0, "id": "q", "row": 0, "rubrics": rubrics})))
     coverage = diagnostics.rubric_coverage(tmp_path)
     assert list(coverage) == [0]
     c = coverage[0]

@@ -21,8 +21,10 @@ import jax
 import numpy as np
 
 import jaxrubric
+from jaxrubric.data import load_healthbench, prompt_text
 from jaxrubric.rubric import templates as tpl
 from jaxrubric.toy import digits_task as task
+from jaxrubric.toy import genrubric_world as gw
 from jaxrubric.toy import signed_rubrics as sr
 from jaxrubric.toy import world
 
@@ -81,7 +83,6 @@ def mistake_profile(workdir: str | Path, run: str | None = None, *, samples: int
             keeps_small.append(any(d <= "4" and d in answer for d in digits))
     return {"quality": float(np.mean(quality)), "drops_a_big_digit": float(np.mean(drops_big)),
             "keeps_a_small_digit": float(np.mean(keeps_small))}
-
 
 
 def rubric_profile(workdir: str | Path, run: str | None = None, *, questions: int = 64,
@@ -164,29 +165,30 @@ def rubric_coverage(workdir: str | Path, run: str = "evolving") -> dict[int, dic
     what the answerer follows, `signed_rubrics.keep_votes`). Agreement with the expert rubric
     is bounded by the last two: a rubric of 4 items names at most 4 of a query's 7 digits."""
     workdir = Path(workdir)
-    prompts = {}
-    for line in (workdir / "data" / "eval.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        prompts[row["prompt_id"]] = row["prompt"][0]["content"]
-    stats: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for line in (workdir / "runs" / run / "eval_scores.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        prompt, out = prompts[row["id"]], stats[row["round"]]
-        digits = task.digits_of(prompt)
-        for rubric in row["rubrics"][:-1]:
-            items = [(criterion, weight) for weight, criterion in rubric]
-            named = [c[-1] for c, _ in items if task.in_language(c)]
-            present = [d for d in named if d in digits]
-            out["items"].append(len(items))
-            out["in_language"] += [task.in_language(c) for c, _ in items]
-            out["absent"] += [d not in digits for d in named]
-            out["repeated"] += [d in named[:i] for i, d in enumerate(named)]
-            out["sound"] += [ok for item in items
-                             if (ok := sr.item_soundness(prompt, item)) is not None]
-            out["distinct_digits"].append(len(set(present)))
-            votes = [sr.keep_votes(items, d) for d in digits]
-            out["sound_digits"].append(sum(v != 0 and (v > 0) == (d > "4")
-                                           for v, d in zip(votes, digits)))
-    return {round_: {name: float(np.mean(values)) if values else float("nan")
-                     for name, values in by_name.items()}
-            for round_, by_name in sorted(stats.items())}
+    # The held-out rows and logged scores as the world's summary reads them (the same loader;
+    # after a resume, the later row of a round and query).
+    prompts = {r.id: prompt_text(r.messages)
+               for r in load_healthbench(workdir / "data" / "eval.jsonl").records}
+    coverage = {}
+    for round_, rows in gw.read_scores(workdir / "runs" / run).items():
+        out: dict[str, list[float]] = defaultdict(list)
+        for row in rows:
+            prompt = prompts[row["id"]]
+            digits = task.digits_of(prompt)
+            for rubric in row["rubrics"][:-1]:
+                items = [(criterion, weight) for weight, criterion in rubric]
+                in_language = [task.in_language(c) for c, _ in items]
+                named = [c[-1] for (c, _), ok in zip(items, in_language) if ok]
+                out["items"].append(len(items))
+                out["in_language"] += in_language
+                out["absent"] += [d not in digits for d in named]
+                out["repeated"] += [d in named[:i] for i, d in enumerate(named)]
+                out["sound"] += [ok for item in items
+                                 if (ok := sr.item_soundness(prompt, item)) is not None]
+                out["distinct_digits"].append(len({d for d in named if d in digits}))
+                votes = [sr.keep_votes(items, d) for d in digits]
+                out["sound_digits"].append(sum(v != 0 and (v > 0) == (d > "4")
+                                               for v, d in zip(votes, digits)))
+        coverage[round_] = {name: float(np.mean(values)) if values else float("nan")
+                            for name, values in out.items()}
+    return coverage
