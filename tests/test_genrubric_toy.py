@@ -216,15 +216,14 @@ def test_train_method_genrubric_runs_the_genrubric_world(tmp_path, monkeypatch):
     assert calls == [(str(tmp_path), gw.GenRubricWorldConfig(seed=3, rounds=7))]
 
 
-# A few supervised steps and rounds: the plumbing, not the learning.
 # The defaults evaluated at the start and the end only, on 64 held-out queries: the claim needs
-# the full 60 rounds. At 20 rounds one training draw in six was below its control (seed 0 with
-# another answerer draw: 0.370 against 0.446), and a weaker answerer (400 supervised steps,
-# following 0.67 of the named digits against 0.93) lowered agreement (-0.17). Over six draws
-# (seeds 0/1/2 and each with a second answerer draw, README) the rise on these 64 queries at
-# round 60 was +0.056 to +0.237 and the lead over the shuffled-credit control +0.084 to
-# +0.272: the test asks about half the smallest of each. Runs are deterministic on one machine;
-# another CPU's rounding is another draw.
+# the full 60 rounds (at round 20 the three draws of seed 2 were below their cold start).
+# Over nine training draws of the defaults (seeds 0/1/2, each with its warm starts trained
+# three ways that differ only in rounding: README) the rise at round 60 on the first 64 of
+# their 128 held-out queries was +0.115 to +0.202 and the lead over the shuffled-credit control
+# +0.137 to +0.278: the test asks about half the smallest of each. (This world's own 64 queries
+# are other rows: here seed 0 rose +0.131 and led by +0.192.) Runs are deterministic on one
+# machine; another CPU's rounding is another draw.
 SHORT = gw.GenRubricWorldConfig(eval_every=60, eval_queries=64, bootstrap=1000)
 
 
@@ -255,10 +254,10 @@ def test_the_world_raises_agreement_above_its_control_and_recomputes_the_logged_
         assert all(len(v) == 2 for v in summary[name].values())
     # Both runs start from the same cold start and evaluate with the same key.
     assert summary["evolving"]["pairwise"][0] == summary["control"]["pairwise"][0]
-    # The claim, with margins about half the smallest of six draws (above).
+    # The claim, with margins about half the smallest of nine draws (above).
     intervals = summary["intervals"]
-    assert intervals["evolving_rise"]["spearman"]["mean"] >= 0.03, intervals["evolving_rise"]
-    assert intervals["evolving_minus_control"]["spearman"]["mean"] >= 0.04, intervals
+    assert intervals["evolving_rise"]["spearman"]["mean"] >= 0.06, intervals["evolving_rise"]
+    assert intervals["evolving_minus_control"]["spearman"]["mean"] >= 0.07, intervals
     assert summary["evolving"]["pairwise"][-1] > summary["control"]["pairwise"][-1]
     assert set(summary["rubric_following"]) == {"follows_named_digits", "keeps_unnamed_digits",
                                                 "in_order"}

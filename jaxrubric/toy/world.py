@@ -323,12 +323,13 @@ def generator_examples(tokenizer: Any, rng: random.Random, n: int, cfg: ToyWorld
 
 
 # ----------------------------------------------------------------------------- warm starts
-def new_model(tokenizer: Any, mesh, seed: int, hidden: int, layers: int):
+def new_model(tokenizer: Any, mesh, seed: int, hidden: int, layers: int, *,
+              scan_layers: bool = True):
     config = jaxrubric.tiny_config(
         "qwen3", vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
         num_layers=layers, num_heads=4, num_kv_heads=2, head_dim=hidden // 4,
         eos_token_ids=(tokenizer.eos_token_id,), pad_token_id=tokenizer.pad_token_id,
-        vocab_multiple=shd.vocab_multiple(mesh))
+        vocab_multiple=shd.vocab_multiple(mesh), scan_layers=scan_layers)
     return shd.shard_model(jaxrubric.init_model(config, seed=seed), mesh)
 
 
