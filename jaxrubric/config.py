@@ -41,6 +41,7 @@ _CHOICES: dict[str, Collection[str]] = {
     **{f"round.{name}": allowed for name, allowed in OPTIONS.items()},
     **{f"{role}.remat": REMAT_POLICIES for role in ROLES},
     "rubric.template_style": STYLES,
+    "optim.lr_schedule": ("constant", "cosine"),
 }
 
 
@@ -89,9 +90,13 @@ def base_config() -> ml_collections.ConfigDict:
     c.rubric = ml_collections.ConfigDict({"max_items": 12, "max_item_tokens": 48,
                                           "template_style": "full"})
     c.round = ml_collections.ConfigDict(dataclasses.asdict(RoundConfig()))
+    # lr_schedule: "constant" (after `warmup_steps` of linear warm-up, if any) or "cosine"
+    # (warm-up, then a cosine decay to final_lr_fraction x the lr at the run's last optimiser
+    # step: rounds x round.num_updates).
     c.optim = ml_collections.ConfigDict({
         "policy_lr": 1e-6, "generator_lr": 5e-6, "weight_decay": 0.0, "max_grad_norm": 1.0,
-        "b1": 0.9, "b2": 0.999,
+        "b1": 0.9, "b2": 0.999, "lr_schedule": "constant", "warmup_steps": 0,
+        "final_lr_fraction": 0.1,
     })
     c.checkpoint_every = 1
     c.keep_checkpoints = 3
@@ -449,6 +454,12 @@ def check_config(config: ml_collections.ConfigDict) -> None:
             raise ConfigFileError(f"config.data.{key}: {path} does not exist")
     if config.eval_every < 0 or config.profile_round < 0:
         raise ConfigFileError("config.eval_every and config.profile_round must be >= 0")
+    if config.optim.warmup_steps < 0:
+        raise ConfigFileError(f"config.optim.warmup_steps must be >= 0, got "
+                              f"{config.optim.warmup_steps}")
+    if not 0.0 <= config.optim.final_lr_fraction <= 1.0:
+        raise ConfigFileError(f"config.optim.final_lr_fraction must be in [0, 1], got "
+                              f"{config.optim.final_lr_fraction}")
     if config.round.policy_reward == "oracle" and not config.oracle:
         raise ConfigFileError("config.round.policy_reward='oracle' needs config.oracle")
     for role in ROLES:

@@ -304,7 +304,7 @@ def run_sft(config: ml_collections.ConfigDict, data: str | os.PathLike,
                                     f"completion:\n```\n{tokenizer.decode(first.target)}\n```"})
     try:
         _, history = sft.train_sft(
-            model, make_optimizer(config, Role(role)),
+            model, make_optimizer(config, Role(role), steps),
             _batches(loaded.examples, batch_size, width, pad_id(tokenizer), config.seed),
             steps=steps, log_every=config.log_every, progress=progress,
             chunk_size=config.round.logprob_chunk,

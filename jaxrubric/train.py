@@ -38,12 +38,31 @@ CONFIG_FILE = "config.json"
 EVAL_SCORES = "eval_scores.jsonl"
 
 
-def make_optimizer(config: ml_collections.ConfigDict, role: Role) -> optax.GradientTransformation:
-    """The AdamW of a trained role (`config.optim`), after global-norm gradient clipping."""
+def learning_rate(config: ml_collections.ConfigDict, role: Role, steps: int
+                  ) -> float | optax.Schedule:
+    """`optim.<role>_lr` under `optim.lr_schedule` over `steps` optimiser steps. A constant rate
+    without warm-up stays a float, so its optimiser state is what it always was (checkpoints
+    written before schedules existed still restore)."""
     optim = config.optim
+    peak = optim[f"{role}_lr"]
+    warmup = min(optim.warmup_steps, steps)
+    if optim.lr_schedule == "cosine":
+        return optax.warmup_cosine_decay_schedule(
+            0.0, peak, warmup, max(steps, warmup + 1), end_value=peak * optim.final_lr_fraction)
+    return optax.linear_schedule(0.0, peak, warmup) if warmup else peak
+
+
+def make_optimizer(config: ml_collections.ConfigDict, role: Role, steps: int | None = None
+                   ) -> optax.GradientTransformation:
+    """The AdamW of a trained role (`config.optim`), after global-norm gradient clipping;
+    `steps` is how many optimiser steps the schedule spans (default: a training run's,
+    rounds x round.num_updates)."""
+    optim = config.optim
+    if steps is None:
+        steps = config.rounds * config.round.num_updates
     return optax.chain(
         optax.clip_by_global_norm(optim.max_grad_norm),
-        optax.adamw(optim[f"{role}_lr"], b1=optim.b1, b2=optim.b2,
+        optax.adamw(learning_rate(config, role, steps), b1=optim.b1, b2=optim.b2,
                     weight_decay=optim.weight_decay),
     )
 

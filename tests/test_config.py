@@ -48,6 +48,10 @@ def _config_file(tmp_path: Path, *lines: str) -> Path:
     ("policy.dtype=bf16", "config.policy.dtype 'bf16' is not one of ['float32', 'bfloat16', "
                           "'float16'] (did you mean 'bfloat16'?)"),
     ("round=3", "config.round is a section"),
+    ("optim.lr_schedule=linear", "config.optim.lr_schedule 'linear' is not one of "
+                                 "['constant', 'cosine']"),
+    ("optim.warmup_steps=-1", "config.optim.warmup_steps must be >= 0, got -1"),
+    ("optim.final_lr_fraction=1.5", "config.optim.final_lr_fraction must be in [0, 1], got 1.5"),
 ])
 def test_bad_override_names_the_key(override, message):
     with _raises(message):
