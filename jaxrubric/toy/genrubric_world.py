@@ -101,8 +101,8 @@ class GenRubricWorldConfig:
     # for its first 20 rounds); 4e-4 gave +0.14 / +0.23 / +0.20 (both with 8 queries a round;
     # README).
     generator_lr: float = 4e-4
-    # config.optim.lr_schedule. A cosine decay to a tenth did not steady seed 2 (nine draws:
-    # its rises +0.113 / +0.067 / +0.065 against +0.097 / +0.130 / +0.165 constant; README).
+    # config.optim.lr_schedule. A cosine decay to a tenth did not steady seed 2: its three
+    # draws rose +0.113 / +0.067 / +0.065, against +0.097 / +0.130 / +0.165 constant (README).
     generator_lr_schedule: str = "constant"
     # KL of the generator to its cold start (RoundConfig.generator_beta): without it the
     # character-level generator collapsed into text outside the language within 20 rounds.
