@@ -1,5 +1,5 @@
-"""The trained roles' optimiser: learning-rate schedules against a plain NumPy formula, and a
-constant rate that keeps the optimiser state (and so old checkpoints) as it was."""
+"""The trained roles' optimiser: learning-rate schedules against the formula written out with
+`math`, and a constant rate that keeps the optimiser state (and so old checkpoints) as it was."""
 
 import math
 
