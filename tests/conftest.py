@@ -34,6 +34,21 @@ import pytest  # noqa: E402
 from jaxrubric import sharding as shd  # noqa: E402
 
 
+# The two longest tests (the toy worlds, ~9 and ~4 minutes beside another worker).
+WORLD_TESTS = ("tests/test_genrubric_toy.py::test_the_world", "tests/test_toy_world.py::test_toy_world")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The slow tests first, the two toy worlds at their head: pytest-xdist hands the first
+    quarter of the items out round-robin and the rest to whichever worker frees up, so the
+    longest tests start at once, one world per worker, and the short ones fill in around them
+    (longest first) instead of a world starting late in collection order."""
+    def key(item):
+        slow = item.get_closest_marker("slow") is not None
+        return (not slow, not item.nodeid.startswith(WORLD_TESTS))
+    items.sort(key=key)
+
+
 @pytest.fixture(scope="session")
 def round_mesh():
     """The mesh of the round tests (tests/helpers.py, `round_case`): 2-way data parallel and

@@ -224,6 +224,7 @@ def test_the_colab_recipe_fits_one_16gb_chip_with_lora_and_not_without():
     assert not plan.plan_memory(full, plan.parse_bytes("15GiB"), devices=1)["fits"]
 
 
+@pytest.mark.slow
 def test_the_colab_recipe_trains_a_round_at_reduced_size(tmp_path):
     """The recipe's own code path (LoRA on every projection, bf16 base, fp32 adapters, remat,
     chunked attention, micro-batches of prompts under shared-prefix updates) on tiny random
