@@ -265,18 +265,24 @@ def sampling_params(*, temperature: float, top_k: int | None, top_p: float | Non
 def sample(model: Decoder, tokens: jax.Array, mask: jax.Array, lengths: jax.Array,
            rng: jax.Array, *, num_samples: int, max_new_tokens: int, temperature: float = 1.0,
            top_k: int | None = None, top_p: float | None = None,
-           stop_token_ids: Sequence[int] = (), grammar: Any = None, micro_batches: int = 1
-           ) -> SampleResult:
+           stop_token_ids: Sequence[int] = (), grammar: Any = None, micro_batches: int = 1,
+           noise_rows: jax.Array | None = None) -> SampleResult:
     """`generate` for use inside a jitted program: left-padded `tokens [B, P]`, `mask`, prompt
     `lengths [B]`; output length `max_new_tokens` exactly (static).
 
     With `micro_batches = n > 1` the prompts are prefilled and decoded n micro-batches at a
     time (`microbatch.map_rows`), so the KV cache holds `B K / n` rows; every row keeps its
     key, so the samples are the same and a micro-batch draws only its own rows' noise.
+
+    `noise_rows [B K]` (default: each row its own index) names the stream each output row draws
+    its uniforms from: rows given the same index draw the same uniforms (common random numbers),
+    so where their distributions agree they sample the same token.
     """
     params = sampling_params(temperature=temperature, top_k=top_k, top_p=top_p,
                              num_stop=len(stop_token_ids), constrained=grammar is not None)
-    keys = row_keys(rng, jnp.arange(tokens.shape[0] * num_samples)).reshape(-1, num_samples)
+    if noise_rows is None:
+        noise_rows = jnp.arange(tokens.shape[0] * num_samples)
+    keys = row_keys(rng, noise_rows).reshape(-1, num_samples)
 
     def run(prompts: tuple[jax.Array, ...]) -> SampleResult:
         tokens, mask, lengths, keys = prompts

@@ -49,6 +49,9 @@ def test_static_rubrics_and_the_oracle_reward(round_mesh):
         round_case(DYNAMIC_RUBRIC, config, round_mesh)
     with pytest.raises(ValueError, match="rubric_source"):
         RoundConfig(rubric_source="both")
+    for key in ("shuffle_generator_credit", "induce_common_noise"):  # GenRubric's keys
+        with pytest.raises(ValueError, match=f"round.{key} is GenRubric's"):
+            DYNAMIC_RUBRIC.check_round(RoundConfig(**{key: True}), None)
     case = round_case(DYNAMIC_RUBRIC, RoundConfig(
         num_responses=2, num_rubrics=2, response_tokens=4, rubric_source="static",
         freeze_generator=True, freeze_policy=True), round_mesh)

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from helpers import changed_roles, round_case, tiny_tokenizer, trained_params
 
-from jaxrubric.methods import GENRUBRIC
+from jaxrubric.methods import GENRUBRIC, core
 from jaxrubric.methods import genrubric as gr_method
 from jaxrubric.methods.core import RoundConfig, RoundResult
 from jaxrubric.rewards.genrubric import group_validity
-from jaxrubric.roles import TRAINED
+from jaxrubric.roles import TRAINED, Role
 from jaxrubric.rubric import grammar as grammar_lib
 
 WEIGHTS = (-5, -4, -3, -2, -1, 1, 2, 3, 4, 5)
@@ -158,3 +158,25 @@ def test_the_control_shuffles_rewards_among_well_formed_groups_and_valid_items()
             assert sequence_advantage[3] < sequence_advantage[:3].min()
         orders.add(tuple(shuffled.sequence_reward[0].round(6)))
     assert len(orders) > 1
+
+
+@pytest.mark.parametrize("common", [False, True])
+def test_common_noise_makes_one_querys_identical_rubrics_induce_one_response(round_mesh, common):
+    """`round.induce_common_noise`: a query's G induced responses draw one noise stream, so
+    rubrics that say the same thing induce the same response; otherwise each draws its own."""
+    config = RoundConfig(num_rubrics=3, response_tokens=10, policy_temperature=1.0,
+                         induce_common_noise=common)
+    case = round_case(GENRUBRIC, config, round_mesh, anchors=[["1 2 3"], ["tac"]])
+    policy = core.role_weights(case.state, case.frozen, Role.POLICY)
+    generator = core.role_weights(case.state, case.frozen, Role.GENERATOR)
+
+    @jax.jit
+    def induce(generator, policy, question, rng):
+        _, rubrics, _ = gr_method.write_stage(case.setup, generator, question, rng)
+        # every group shown its query's first rubric
+        rubrics = jax.tree.map(lambda x: jnp.broadcast_to(x[:, :1], x.shape), rubrics)
+        return gr_method.induce_stage(case.setup, policy, question, rubrics, rng).responses
+
+    responses = jax.device_get(induce(generator, policy, case.batch.question, jax.random.key(1)))
+    same = [np.array_equal(q[0], q[g]) for q in responses.tokens for g in (1, 2)]
+    assert all(same) if common else not any(same)

@@ -96,6 +96,28 @@ def test_micro_batched_sampling_draws_the_same_samples(case, model, grammar_mode
                                        err_msg=f"{n} {field}")
 
 
+def test_rows_given_one_noise_stream_sample_alike(model):
+    """`noise_rows`: rows that share a stream and a prompt sample the same tokens (whole and in
+    micro-batches); each row's own index as its stream is the default."""
+    model, tokens, mask, lengths, kwargs = _sampling_case("model distribution", model, None)
+    tokens, mask, lengths = (jnp.concatenate([x[:4], x[:4]]) for x in (tokens, mask, lengths))
+
+    @nnx.jit(static_argnums=(4, 5))
+    def draw(model, tokens, mask, lengths, micro_batches, shared):
+        noise_rows = jnp.arange(16) % 8 if shared else None
+        return sampling.sample(model, tokens, mask, lengths, jax.random.key(3),
+                               max_new_tokens=6, micro_batches=micro_batches,
+                               noise_rows=noise_rows, **kwargs)
+
+    own = draw(model, tokens, mask, lengths, 1, False)
+    shared = {n: draw(model, tokens, mask, lengths, n, True) for n in (1, 2)}
+    for n, got in shared.items():
+        # rows 4-7 repeat rows 0-3's prompts: with a shared stream their samples repeat too
+        np.testing.assert_array_equal(got.tokens[4:], got.tokens[:4], err_msg=n)
+        np.testing.assert_array_equal(got.tokens[:4], own.tokens[:4], err_msg=n)  # streams 0-7
+    assert not np.array_equal(own.tokens[4:], own.tokens[:4])  # own streams: other samples
+
+
 def test_a_micro_batch_draws_only_its_own_rows_noise(model):
     """Every decode step of a micro-batch draws one uniform for each of its `rows / n` rows,
     never the whole batch's (nor one per vocabulary entry)."""

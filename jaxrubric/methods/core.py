@@ -101,6 +101,13 @@ class RoundConfig:
     # agreement that rises anyway comes from sharpening the sampled distribution, not from
     # what the rewards say.
     shuffle_generator_credit: bool = False
+    # GenRubric: the responses a query's G rubrics induce draw the same sampling noise (common
+    # random numbers). Each response keeps its distribution, so every reward keeps its
+    # expectation; where two rubrics leave the policy equally unsure (a requirement neither
+    # states) their responses make the same choice, so the comparison among the query's
+    # groups, which is all GRPO's advantages read, reflects what the rubrics say rather than
+    # the policy's coin flips.
+    induce_common_noise: bool = False
     # Which rubric scores the policy: the mean over valid groups, or the group the generator's
     # reward ranks best (the sharpest evaluator of this round).
     policy_score: Literal["mean", "best_group"] = "mean"

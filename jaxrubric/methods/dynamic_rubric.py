@@ -279,9 +279,10 @@ class DynamicRubric(core.Method):
     def check_round(self, config, oracle_reward):
         if config.policy_reward == "oracle" and oracle_reward is None:
             raise ValueError("policy_reward='oracle' needs an oracle_reward function")
-        if config.shuffle_generator_credit:
-            raise ValueError("shuffle_generator_credit is GenRubric's control run; "
-                             "DynamicRubric has no such option")
+        for key in ("shuffle_generator_credit", "induce_common_noise"):
+            if getattr(config, key):
+                raise ValueError(f"round.{key} is GenRubric's (its control run, its induced "
+                                 "responses); DynamicRubric has no such option")
 
     def round(self, setup, state, frozen, batch, rng, run=None):
         return dynamic_rubric_round(setup, state, frozen, batch, rng, run)

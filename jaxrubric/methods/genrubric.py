@@ -72,7 +72,8 @@ class Induced(NamedTuple):
 def induce_stage(setup: RoundSetup, policy_params: nnx.State, question: Question,
                  rubrics: sampling.SampleResult, rng: jax.Array) -> Induced:
     """Stage 2 (policy): rubric g induces one response, the policy answering the query while
-    shown rubric g (its tokens without the end token)."""
+    shown rubric g (its tokens without the end token); with `induce_common_noise` a query's G
+    responses draw the same noise."""
     cfg = setup.config
     policy = nnx.merge(setup.graph(Role.POLICY), policy_params)
     batch_size, G = rubrics.tokens.shape[:2]
@@ -87,7 +88,8 @@ def induce_stage(setup: RoundSetup, policy_params: nnx.State, question: Question
         policy, induced.tokens.reshape(rows, -1), induced.mask.reshape(rows, -1),
         induced.lengths.reshape(rows), jax.random.split(rng)[1], num_samples=1,
         max_new_tokens=cfg.response_tokens, temperature=cfg.policy_temperature, top_p=cfg.top_p,
-        stop_token_ids=setup.stop_token_ids, micro_batches=cfg.rollout_micro_batches)
+        stop_token_ids=setup.stop_token_ids, micro_batches=cfg.rollout_micro_batches,
+        noise_rows=jnp.arange(rows) // G if cfg.induce_common_noise else None)
     responses = jax.tree.map(lambda x: x.reshape(batch_size, G, *x.shape[2:]), sampled)
     return Induced(induced, responses, core.text_lengths(responses))
 
