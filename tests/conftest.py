@@ -39,8 +39,15 @@ WORLD_TESTS = ("tests/test_genrubric_toy.py::test_the_world",
                "tests/test_toy_world.py::test_toy_world")
 
 
+def pytest_configure(config):
+    """`-n N` runs under xdist's work-stealing scheduler (`--dist load`, its default, is taken
+    for it), for which `pytest_collection_modifyitems` orders the tests."""
+    if getattr(config.option, "dist", None) == "load":
+        config.option.dist = "worksteal"
+
+
 def pytest_collection_modifyitems(config, items):
-    """Orders the run for `-n 2 --dist worksteal` (pyproject's addopts): each worker is handed
+    """Orders the run for `-n 2` under work stealing (`pytest_configure`): each worker is handed
     half of the list and idle workers steal from the tail of the other's queue. So each half
     starts with its share of the slow tests, a toy world at the head of each, and ends with
     fast tests that can be stolen. (xdist's default scheduler hands out consecutive chunks: with

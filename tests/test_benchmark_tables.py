@@ -70,3 +70,14 @@ def test_matmul_ceiling_rows():
     assert cells(table[-1])[0] == "hidden 16, 1 layers"
     for cell in cells(table[-1])[1:]:
         number(cell)
+
+
+def test_genrubric_signal_pays_sounder_rubrics_and_common_coins_only_couple_the_coins():
+    """`benchmarks/genrubric_signal.py`: comprehensiveness points at sounder rubrics; with
+    every rubric sound and complete (nothing left to a coin) common coins change nothing."""
+    import genrubric_signal
+
+    assert genrubric_signal.correlation(60, 0) > 0.15
+    sound = dict(informed=1.0, groups=4)
+    assert genrubric_signal.correlation(30, 1, **sound) == pytest.approx(
+        genrubric_signal.correlation(30, 1, common=True, **sound), abs=0.2)
