@@ -52,6 +52,8 @@ def test_static_rubrics_and_the_oracle_reward(round_mesh):
     for key in ("shuffle_generator_credit", "induce_common_noise"):  # GenRubric's keys
         with pytest.raises(ValueError, match=f"round.{key} is GenRubric's"):
             DYNAMIC_RUBRIC.check_round(RoundConfig(**{key: True}), None)
+    with pytest.raises(ValueError, match="round.induced_responses is GenRubric's"):
+        DYNAMIC_RUBRIC.check_round(RoundConfig(induced_responses=2), None)
     case = round_case(DYNAMIC_RUBRIC, RoundConfig(
         num_responses=2, num_rubrics=2, response_tokens=4, rubric_source="static",
         freeze_generator=True, freeze_policy=True), round_mesh)

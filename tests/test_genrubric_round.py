@@ -53,6 +53,14 @@ def test_round_updates_both_models_and_compiles_once(round_mesh):
                                frozen, batch, jax.random.key(0))
     assert not {"generator/loss", "policy/loss"} & set(traced.scalars)
     assert {"generator/loss", "policy/loss"} <= set(scalars)
+    # Two responses per group (traced): the policy learns from all six of a query's.
+    two_setup = dataclasses.replace(setup, config=dataclasses.replace(config, induced_responses=2))
+    _, traced = jax.eval_shape(functools.partial(GENRUBRIC.round, two_setup), state, frozen,
+                               batch, jax.random.key(0))
+    assert traced.outputs.responses.shape == (2, 6, 12)
+    assert traced.outputs.scores.shape == (2, 6, 3) and traced.outputs.policy_reward.shape == (2, 6)
+    assert traced.outputs.generator_reward.shape == (2, 3)
+    assert {"generator/loss", "policy/loss"} <= set(traced.scalars)
 
     # The rubric metrics agree with a host-side parse of the sampled rubric tokens.
     parsed = grammar_lib.parse_rubric_tokens(outputs.rubrics, jax.device_put(setup.grammar),
@@ -160,12 +168,14 @@ def test_the_control_shuffles_rewards_among_well_formed_groups_and_valid_items()
     assert len(orders) > 1
 
 
-@pytest.mark.parametrize("common", [False, True])
-def test_common_noise_makes_one_querys_identical_rubrics_induce_one_response(round_mesh, common):
-    """`round.induce_common_noise`: a query's G induced responses draw one noise stream, so
-    rubrics that say the same thing induce the same response; otherwise each draws its own."""
+@pytest.mark.parametrize("common, per_group", [(False, 1), (True, 1), (True, 2)])
+def test_common_noise_makes_one_querys_identical_rubrics_induce_one_response(
+        round_mesh, common, per_group):
+    """`round.induce_common_noise`: the i-th induced responses of a query's groups draw one
+    noise stream, so rubrics that say the same thing induce the same responses; otherwise each
+    draws its own (as a group's N responses always do)."""
     config = RoundConfig(num_rubrics=3, response_tokens=10, policy_temperature=1.0,
-                         induce_common_noise=common)
+                         induce_common_noise=common, induced_responses=per_group)
     case = round_case(GENRUBRIC, config, round_mesh, anchors=[["1 2 3"], ["tac"]])
     policy = core.role_weights(case.state, case.frozen, Role.POLICY)
     generator = core.role_weights(case.state, case.frozen, Role.GENERATOR)
@@ -178,5 +188,44 @@ def test_common_noise_makes_one_querys_identical_rubrics_induce_one_response(rou
         return gr_method.induce_stage(case.setup, policy, question, rubrics, rng).responses
 
     responses = jax.device_get(induce(generator, policy, case.batch.question, jax.random.key(1)))
-    same = [np.array_equal(q[0], q[g]) for q in responses.tokens for g in (1, 2)]
+    assert responses.tokens.shape == (2, 3 * per_group, 10)
+    sets = responses.tokens.reshape(2, 3, per_group, 10)  # [query, group, i, token]
+    same = [np.array_equal(q[0, i], q[g, i]) for q in sets for g in (1, 2)
+            for i in range(per_group)]
     assert all(same) if common else not any(same)
+    if per_group > 1:
+        assert not np.array_equal(sets[:, :, 0], sets[:, :, 1])
+
+
+def test_several_induced_responses_average_the_rewards_of_their_response_sets():
+    """`responses_per_group` N: the generator's rewards are the mean of the rewards each set of
+    one response per group earns; the policy's reward of a response leaves out its own
+    group's rubric; N = 1 is the paper's round."""
+    tok = tiny_tokenizer()
+    grammar = grammar_lib.build_rubric_grammar(tok, weights=WEIGHTS, max_items=2,
+                                               max_item_tokens=8)
+    texts = ["[3] Mentions the dose\n[-2] Recommends aspirin\n", "[5] Says to see a doctor\n",
+             "[2] Mentions the dose\n[4] Is short\n", "[-4] Gives a wrong fact\n"]
+    ids = [tok.encode(t, add_special_tokens=False) + [tok.eos_token_id] for t in texts]
+    tokens = np.full((1, 4, max(map(len, ids)) + 2), tok.pad_token_id, np.int32)
+    for g, row in enumerate(ids):
+        tokens[0, g, :len(row)] = row
+    parsed = grammar_lib.parse_rubric_tokens(tokens, jax.device_put(grammar), tok.pad_token_id)
+    # verdicts of 3 responses per group: [query, group * 3 + i, rubric, item]
+    verdicts = jax.random.bernoulli(jax.random.key(2), 0.5, (1, 12, 4, 2)).astype(jnp.float32)
+    kwargs = dict(coefficients=dict(discriminative_coef=0.5, nonredundant_coef=0.25))
+    both = jax.device_get(gr_method.generator_credit(parsed, verdicts, responses_per_group=3,
+                                                     **kwargs))
+    sets = [jax.device_get(gr_method.generator_credit(parsed, verdicts[:, i::3], **kwargs))
+            for i in range(3)]
+    for field in ("sequence_reward", "item_reward"):
+        np.testing.assert_allclose(getattr(both, field),
+                                   np.mean([getattr(c, field) for c in sets], 0), rtol=1e-6)
+    np.testing.assert_allclose(both.scores[:, 1::3], sets[1].scores, rtol=1e-6)
+
+    reward, valid = gr_method.induced_response_rewards(both.scores, both.group_valid)
+    judges = np.array([[False, True, True, False], [True, False, True, False],
+                       [True, True, False, False], [True, True, True, False]])  # group 3 malformed
+    want = [(both.scores[0, r] * judges[r // 3]).sum() / judges[r // 3].sum() for r in range(12)]
+    np.testing.assert_allclose(reward[0], want, rtol=1e-6)
+    assert np.asarray(valid).all()

@@ -108,6 +108,11 @@ class RoundConfig:
     # groups, which is all GRPO's advantages read, reflects what the rubrics say rather than
     # the policy's coin flips.
     induce_common_noise: bool = False
+    # GenRubric: responses each rubric group induces (the paper: 1). Its rewards are averaged
+    # over them, a Monte Carlo average of the same expectation with less of the policy's
+    # sampling noise in each group's reward; the policy's advantages span a query's G x N
+    # responses.
+    induced_responses: int = 1
     # Which rubric scores the policy: the mean over valid groups, or the group the generator's
     # reward ranks best (the sharpest evaluator of this round).
     policy_score: Literal["mean", "best_group"] = "mean"
@@ -122,7 +127,8 @@ class RoundConfig:
 
     def __post_init__(self) -> None:
         for name in ("num_responses", "num_rubrics", "response_tokens", "num_updates",
-                     "logprob_chunk", "update_micro_batches", "rollout_micro_batches"):
+                     "logprob_chunk", "update_micro_batches", "rollout_micro_batches",
+                     "induced_responses"):
             if getattr(self, name) < 1:
                 raise ValueError(f"round config: {name} must be >= 1, got {getattr(self, name)}")
         if self.num_responses < 2:

@@ -283,6 +283,9 @@ class DynamicRubric(core.Method):
             if getattr(config, key):
                 raise ValueError(f"round.{key} is GenRubric's (its control run, its induced "
                                  "responses); DynamicRubric has no such option")
+        if config.induced_responses != 1:
+            raise ValueError("round.induced_responses is GenRubric's (responses per rubric "
+                             "group); DynamicRubric samples round.num_responses per prompt")
 
     def round(self, setup, state, frozen, batch, rng, run=None):
         return dynamic_rubric_round(setup, state, frozen, batch, rng, run)

@@ -4,8 +4,8 @@ One round (DESIGN.md sections 1 and 3), stage by stage as `round` runs them:
 
 1. **write** (generator): G rubric groups per query with signed weights (negative items
    penalise observable errors), grammar-constrained and parsed on device;
-2. **induce** (policy): each group induces one response, the policy answering the query while
-   shown that rubric;
+2. **induce** (policy): each group induces one response (or `induced_responses` N), the
+   policy answering the query while shown that rubric;
 3. **judge** (verifier): every induced response under every group in one verifier call;
    sequence rewards (cross-rubric comprehensiveness + group discrimination) and item rewards
    (discriminative + non-redundant) -> token-level advantages (item tokens get item credit on
@@ -65,19 +65,19 @@ class Induced(NamedTuple):
     """The rubric-induced responses: one per group, after its own prompt."""
 
     prompt: tpl.Packed  # [B, G, Lind] left-padded: the query shown with rubric g
-    responses: sampling.SampleResult  # [B, G, N]
-    text_len: jax.Array  # [B, G] without the stop token
+    responses: sampling.SampleResult  # [B, G N, L]: group g's n-th response at g N + n
+    text_len: jax.Array  # [B, G N] without the stop token
 
 
 def induce_stage(setup: RoundSetup, policy_params: nnx.State, question: Question,
                  rubrics: sampling.SampleResult, rng: jax.Array) -> Induced:
-    """Stage 2 (policy): rubric g induces one response, the policy answering the query while
-    shown rubric g (its tokens without the end token); with `induce_common_noise` a query's G
-    responses draw the same noise."""
+    """Stage 2 (policy): rubric g induces `induced_responses` (N) responses, the policy
+    answering the query while shown rubric g (its tokens without the end token); with
+    `induce_common_noise` the n-th responses of a query's G groups draw the same noise."""
     cfg = setup.config
     policy = nnx.merge(setup.graph(Role.POLICY), policy_params)
     batch_size, G = rubrics.tokens.shape[:2]
-    rows = batch_size * G
+    rows, n = batch_size * G, cfg.induced_responses
     slots = {"rubric": (rubrics.tokens, core.text_lengths(rubrics)),
              "prompt": (question.tokens[:, None], question.lengths[:, None])}
     induced = tpl.assemble(setup.induced_template,
@@ -86,12 +86,36 @@ def induce_stage(setup: RoundSetup, policy_params: nnx.State, question: Question
                            pad_id=setup.pad_id, align="right")
     sampled = sampling.sample(
         policy, induced.tokens.reshape(rows, -1), induced.mask.reshape(rows, -1),
-        induced.lengths.reshape(rows), jax.random.split(rng)[1], num_samples=1,
+        induced.lengths.reshape(rows), jax.random.split(rng)[1], num_samples=n,
         max_new_tokens=cfg.response_tokens, temperature=cfg.policy_temperature, top_p=cfg.top_p,
         stop_token_ids=setup.stop_token_ids, micro_batches=cfg.rollout_micro_batches,
-        noise_rows=jnp.arange(rows) // G if cfg.induce_common_noise else None)
-    responses = jax.tree.map(lambda x: x.reshape(batch_size, G, *x.shape[2:]), sampled)
+        noise_rows=common_noise_rows(batch_size, G, n) if cfg.induce_common_noise else None)
+    responses = jax.tree.map(lambda x: x.reshape(batch_size, G * n, *x.shape[2:]), sampled)
     return Induced(induced, responses, core.text_lengths(responses))
+
+
+def common_noise_rows(batch_size: int, groups: int, n: int) -> jax.Array:
+    """The noise stream of each induced response (rows `(b G + g) N + i`): `b N + i`, shared
+    by the i-th responses of query b's groups."""
+    row = jnp.arange(batch_size * groups * n)
+    return row // (groups * n) * n + row % n
+
+
+def response_sets(x: jax.Array, n: int, axis: int) -> jax.Array:
+    """`[..., G N, ...]` at `axis` (group g's i-th response at g N + i) -> `[..., N, G, ...]`:
+    N sets of one response per group, each scored as the paper scores its one response."""
+    axis %= x.ndim
+    groups = x.shape[axis] // n
+    x = x.reshape(*x.shape[:axis], groups, n, *x.shape[axis + 1:])
+    return jnp.moveaxis(x, axis + 1, axis)
+
+
+def over_sets(x: jax.Array, n: int, axis: int) -> jax.Array:
+    """`[..., G, ...]` with the group axis at `axis` -> `[..., N, G, ...]` (the same for every
+    set: a group's rubric, weights and validity)."""
+    axis %= x.ndim
+    x = jnp.expand_dims(x, axis)
+    return jnp.broadcast_to(x, (*x.shape[:axis], n, *x.shape[axis + 1:]))
 
 
 # ------------------------------------------------------------------------------ credit
@@ -100,7 +124,9 @@ class GeneratorCredit(NamedTuple):
 
     item_valid: jax.Array  # [..., G, M] parsed items of complete rubrics
     group_valid: jax.Array  # [..., G] well-formed groups (they take part in evaluation)
-    scores: jax.Array  # [..., G_resp, G_rub] S_{g_rub}(r_{g_resp}), 0 under malformed groups
+    # [..., G_resp N, G_rub] S_{g_rub}(r), r the responses group g_resp induced (N each), 0
+    # under malformed groups
+    scores: jax.Array
     sequence_reward: jax.Array  # [..., G]
     item_reward: jax.Array  # [..., G, M]
     token_advantages: jax.Array  # [..., G, L] per rubric token
@@ -109,11 +135,14 @@ class GeneratorCredit(NamedTuple):
 def generator_credit(parsed: grammar_lib.ParsedRubric, verdicts: jax.Array, *,
                      soft: bool = False, advantage_mode: grpo.AdvantageMode = "group_std",
                      coefficients: Mapping[str, float] | None = None, spread: gr.Spread = "std",
-                     shuffle_key: jax.Array | None = None) -> GeneratorCredit:
+                     shuffle_key: jax.Array | None = None,
+                     responses_per_group: int = 1) -> GeneratorCredit:
     """Rewards and token advantages of parsed rubrics `[..., G, ...]` from verdicts
-    `[..., G_resp, G_rub, M]` (hard 0/1, or p_yes with `soft`); `coefficients` of
-    `genrubric_rewards` by name (default: its defaults); `spread`: how group discrimination is
-    measured (`gr.group_discrimination`).
+    `[..., G_resp N, G_rub, M]` (hard 0/1, or p_yes with `soft`) of the N =
+    `responses_per_group` responses each group induced; `coefficients` of `genrubric_rewards`
+    by name (default: its defaults); `spread`: how group discrimination is measured
+    (`gr.group_discrimination`). With N > 1 the rewards are the mean over the N response
+    sets (`response_sets`), each rewarded as the paper rewards its one response per group.
 
     An incomplete rubric (no end token, or a forbidden token) counts as malformed: its items
     are dropped, so `genrubric_rewards` gives it reward 0 and keeps it out of evaluation.
@@ -123,10 +152,13 @@ def generator_credit(parsed: grammar_lib.ParsedRubric, verdicts: jax.Array, *,
     valid items before they become advantages, so the update keeps its size and spread but no
     longer says which rubric earned what. The returned rewards are the shuffled ones.
     """
+    n = responses_per_group
     item_valid = parsed.valid & parsed.complete[..., None]
     group_valid = gr.group_validity(parsed.weights, item_valid)
-    sequence, item = gr.genrubric_rewards(verdicts, parsed.weights, item_valid, soft_items=soft,
-                                          spread=spread, **(coefficients or {}))
+    sequence, item = gr.genrubric_rewards(
+        response_sets(verdicts, n, -3), over_sets(parsed.weights, n, -2),
+        over_sets(item_valid, n, -2), soft_items=soft, spread=spread, **(coefficients or {}))
+    sequence, item = sequence.mean(-2), item.mean(-3)
     item_mask = item_valid & group_valid[..., None]
     if shuffle_key is not None:
         sequence_key, item_key = jax.random.split(shuffle_key)
@@ -150,15 +182,18 @@ def reward_coefficients(config: RoundConfig) -> dict[str, float]:
 
 def induced_response_rewards(scores: jax.Array, group_valid: jax.Array
                              ) -> tuple[jax.Array, jax.Array]:
-    """Policy rewards `[..., G]` of the induced responses and which of them have any.
+    """Policy rewards `[..., G N]` of the induced responses (`scores [..., G N, G]`, N per
+    group) and which of them have any.
 
-    r_g is rewarded by the mean of `S_{g'}(r_g)` over the valid groups g' != g: its own rubric
-    is left out, since the response was written to satisfy it. A response with no other valid
-    group to judge it is not rewarded (valid False). Unlike `cross_rubric_comprehensiveness`,
-    a response induced by a malformed group still counts: it is an answer to the query.
+    r, induced by group g, is rewarded by the mean of `S_{g'}(r)` over the valid groups
+    g' != g: its own rubric is left out, since the response was written to satisfy it. A
+    response with no other valid group to judge it is not rewarded (valid False). Unlike
+    `cross_rubric_comprehensiveness`, a response induced by a malformed group still counts: it
+    is an answer to the query.
     """
-    g = scores.shape[-1]
-    judges = group_valid[..., None, :] & ~jnp.eye(g, dtype=bool)
+    responses, g = scores.shape[-2:]
+    own = jnp.arange(responses)[:, None] // (responses // g) == jnp.arange(g)[None, :]
+    judges = group_valid[..., None, :] & ~own
     reward = grpo.masked_mean(scores, judges, axis=-1)
     return reward, judges.any(-1)
 
@@ -174,8 +209,8 @@ class Judged(NamedTuple):
     """What the verifier stage computes."""
 
     credit: GeneratorCredit
-    policy_reward: jax.Array  # [B, G] of the induced responses
-    policy_advantages: jax.Array  # [B, G]
+    policy_reward: jax.Array  # [B, G N] of the induced responses
+    policy_advantages: jax.Array  # [B, G N]
     metrics: dict[str, jax.Array]  # the rollout's scalar summaries
 
 
@@ -183,8 +218,9 @@ def judge_stage(setup: RoundSetup, verifier_params: nnx.State, question: Questio
                 rubrics: sampling.SampleResult, parsed: grammar_lib.ParsedRubric,
                 induced: Induced, rng: jax.Array) -> Judged:
     """Stage 3 (verifier): every induced response under every group in one verifier call
-    `[B, G_resp, G_rub, M]`; rewards and token-level credit for the generator, cross-rubric
-    rewards and advantages for the policy (`rng`: the control's shuffle only)."""
+    `[B, G_resp N, G_rub, M]`; rewards and token-level credit for the generator, cross-rubric
+    rewards and advantages (over a query's G N responses) for the policy (`rng`: the
+    control's shuffle only)."""
     cfg = setup.config
     verifier = nnx.merge(setup.graph(Role.VERIFIER), verifier_params)
     responses = induced.responses
@@ -197,22 +233,28 @@ def judge_stage(setup: RoundSetup, verifier_params: nnx.State, question: Questio
                               coefficients=reward_coefficients(cfg),
                               spread=cfg.discrimination_spread,
                               shuffle_key=(jax.random.fold_in(rng, 3)
-                                           if cfg.shuffle_generator_credit else None))
+                                           if cfg.shuffle_generator_credit else None),
+                              responses_per_group=cfg.induced_responses)
     group_valid = credit.group_valid
     item_mask = item_valid & group_valid[..., None]
     policy_reward, policy_valid = induced_response_rewards(credit.scores, group_valid)
     negative = parsed.valid & (parsed.weights < 0)
+    # The reward terms per response set (`response_sets`), averaged over the sets.
+    n = cfg.induced_responses
+    set_scores, set_verdicts = response_sets(credit.scores, n, -2), response_sets(verdicts, n, -3)
+    set_groups, set_items = over_sets(group_valid, n, -1), over_sets(item_valid, n, -2)
+    set_mask = over_sets(item_mask, n, -2)
     metrics = {
         "generator/reward": credit.sequence_reward.mean(),
         "generator/comprehensiveness": grpo.masked_mean(
-            gr.cross_rubric_comprehensiveness(credit.scores, group_valid), group_valid),
+            gr.cross_rubric_comprehensiveness(set_scores, set_groups), set_groups),
         "generator/discrimination": grpo.masked_mean(gr.group_discrimination(
-            credit.scores, group_valid, spread=cfg.discrimination_spread), group_valid),
+            set_scores, set_groups, spread=cfg.discrimination_spread), set_groups),
         "generator/item_reward": grpo.masked_mean(credit.item_reward, item_mask),
         "generator/item_discriminative": grpo.masked_mean(gr.item_discriminative(
-            verdicts, item_valid, group_valid, soft=cfg.soft_verdicts), item_mask),
+            set_verdicts, set_items, set_groups, soft=cfg.soft_verdicts), set_mask),
         "generator/item_nonredundant": grpo.masked_mean(gr.item_nonredundant(
-            verdicts, item_valid, group_valid, soft=cfg.soft_verdicts), item_mask),
+            set_verdicts, set_items, set_groups, soft=cfg.soft_verdicts), set_mask),
         "rubric/valid_rate": group_valid.mean(),
         "rubric/complete_rate": parsed.complete.mean(),
         "rubric/items": parsed.valid.sum(-1).mean(),
@@ -232,16 +274,16 @@ def judge_stage(setup: RoundSetup, verifier_params: nnx.State, question: Questio
 class Outputs(NamedTuple):
     """A round's outputs beside its scalars (for text samples and inspection)."""
 
-    responses: jax.Array  # [B, G, N] the induced responses
-    response_len: jax.Array  # [B, G]
+    responses: jax.Array  # [B, G N, L] the induced responses (N = induced_responses per group)
+    response_len: jax.Array  # [B, G N]
     rubrics: jax.Array  # [B, G, Lrub]
     rubric_len: jax.Array  # [B, G]
     rubric_weights: jax.Array  # [B, G, M]
     rubric_valid: jax.Array  # [B, G, M] items of complete rubrics
     group_valid: jax.Array  # [B, G]
-    scores: jax.Array  # [B, G_resp, G_rub]
+    scores: jax.Array  # [B, G_resp N, G_rub]
     generator_reward: jax.Array  # [B, G]
-    policy_reward: jax.Array  # [B, G]
+    policy_reward: jax.Array  # [B, G N]
 
 
 def genrubric_round(setup: RoundSetup, state: RoundState, frozen: Frozen, batch: RoundBatch,
@@ -266,8 +308,9 @@ def genrubric_round(setup: RoundSetup, state: RoundState, frozen: Frozen, batch:
     new_state, update_metrics = core.update_roles(setup, run, state, frozen, {
         Role.GENERATOR: UpdateInputs(gen_input.tokens, gen_input.mask, rubrics,
                                      judged.credit.token_advantages),
-        Role.POLICY: UpdateInputs(induced.prompt.tokens, induced.prompt.mask, induced.responses,
-                                  judged.policy_advantages),
+        Role.POLICY: UpdateInputs(*(jnp.repeat(x, setup.config.induced_responses, axis=1)
+                                    for x in (induced.prompt.tokens, induced.prompt.mask)),
+                                  induced.responses, judged.policy_advantages),
     }, rng)
     credit = judged.credit
     outputs = Outputs(induced.responses.tokens, induced.text_len, rubrics.tokens,
@@ -416,23 +459,24 @@ class GenRubric(core.Method):
 
     def round_shapes(self, config: RoundConfig, dims: RoundDims) -> RoundShapes:
         b, g, n = dims.batch, config.num_rubrics, config.response_tokens
+        per_group = config.induced_responses
         generator_prompt = dims.generator_constant + dims.question
         policy_prompt = dims.induced_constant + dims.rubric + dims.question
         prefix = dims.verifier_head + dims.question
         question = core.question_row_bytes(dims)
         rubrics = g * core.sample_row_bytes(dims.rubric)
         parsed = g * core.parsed_row_bytes(dims)
-        induced = g * (5 * policy_prompt + 4 + core.sample_row_bytes(n) + 4)
+        induced = g * (5 * policy_prompt + 4 + per_group * (core.sample_row_bytes(n) + 4))
         return RoundShapes(
             sampling=(Sampling(Role.GENERATOR, "generator rollout", b, g, generator_prompt,
                                dims.rubric),
-                      Sampling(Role.POLICY, "policy rollout (induced responses)", b * g, 1,
-                               policy_prompt, n)),
-            verification=(Verification("induced responses", b * g, prefix + n,
+                      Sampling(Role.POLICY, "policy rollout (induced responses)", b * g,
+                               per_group, policy_prompt, n)),
+            verification=(Verification("induced responses", b * g * per_group, prefix + n,
                                        g * dims.items, dims.item_tokens + dims.readout_suffix),),
             updates=core.trained_updates(config, {
                 Role.GENERATOR: (b * g, generator_prompt, dims.rubric, g),
-                Role.POLICY: (b * g, policy_prompt, n)}),
+                Role.POLICY: (b * g * per_group, policy_prompt, n)}),
             reads={
                 "generator rollout": (Read(Role.POLICY, "prompts, rng key", question, 8),),
                 "policy rollout": (Read(Role.GENERATOR, "rubrics", rubrics),),
@@ -442,7 +486,7 @@ class GenRubric(core.Method):
                 "generator update": (Read(Role.VERIFIER, "token advantages",
                                           4 * g * dims.rubric),
                                      Read(Role.POLICY, "rng key", 0, 8)),
-                "policy update": (Read(Role.VERIFIER, "advantages", 4 * g),),
+                "policy update": (Read(Role.VERIFIER, "advantages", 4 * g * per_group),),
             })
 
 
