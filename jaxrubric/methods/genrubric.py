@@ -62,10 +62,10 @@ def write_stage(setup: RoundSetup, generator_params: nnx.State, question: Questi
 
 
 class Induced(NamedTuple):
-    """The rubric-induced responses: one per group, after its own prompt."""
+    """The rubric-induced responses: `induced_responses` per group, after its own prompt."""
 
     prompt: tpl.Packed  # [B, G, Lind] left-padded: the query shown with rubric g
-    responses: sampling.SampleResult  # [B, G N, L]: group g's n-th response at g N + n
+    responses: sampling.SampleResult  # [B, G N, L]: group g's i-th response at g N + i
     text_len: jax.Array  # [B, G N] without the stop token
 
 
