@@ -74,7 +74,8 @@ def test_matmul_ceiling_rows():
 
 def test_genrubric_signal_pays_sounder_rubrics_and_common_coins_only_couple_the_coins():
     """`benchmarks/genrubric_signal.py`: comprehensiveness points at sounder rubrics; with
-    every rubric sound and complete (nothing left to a coin) common coins change nothing."""
+    only sound rubrics (coins left only on the digits a rubric does not name) common coins
+    move the correlation by less than 0.2."""
     import genrubric_signal
 
     assert genrubric_signal.correlation(60, 0) > 0.15

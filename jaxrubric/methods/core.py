@@ -478,15 +478,16 @@ def role_update_stage(role: Role, setup: RoundSetup, state: RoleState, base: nnx
                       ) -> tuple[RoleState, dict[str, jax.Array]]:
     """GRPO update of `role` on its samples `[B, S, L]`.
 
-    `prompt`/`prompt_mask` are `[B, P]` (one prompt under all S samples) or `[B, S, P]` (a
-    prompt per sample); `advantages` are `[B, S]` or token-level `[B, S, L]`; `base` as in
+    `prompt`/`prompt_mask` are `[B, P]` (one prompt under all S samples, encoded once when
+    `share_prefix` and S > 1, as `Update.shared` counts it) or `[B, S, P]` (a prompt per
+    sample); `advantages` are `[B, S]` or token-level `[B, S, L]`; `base` as in
     `grpo_role_update`; `rng` the round's (this role's dropout stream is drawn from it).
     Returns the role's new state and its metrics, prefixed by the role.
     """
     rng = jax.random.fold_in(jax.random.fold_in(rng, _UPDATE_STREAM), TRAINED.index(role))
     b, s = samples.tokens.shape[:2]
     completion_mask = jnp.arange(samples.tokens.shape[2]) < samples.lengths[..., None]
-    if prompt.ndim == 2 and setup.config.share_prefix:  # one prompt encoded under its S samples
+    if prompt.ndim == 2 and setup.config.share_prefix and s > 1:  # encoded once for S samples
         rows_of = lambda x: x  # noqa: E731
     else:
         rows = b * s

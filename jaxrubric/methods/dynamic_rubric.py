@@ -262,6 +262,16 @@ def dynamic_rubric_evaluation(setup: RoundSetup, state: RoundState, frozen: Froz
 
 
 # ------------------------------------------------------------------------------ the method
+# Round keys only GenRubric reads (what they set), refused here unless at their defaults.
+GENRUBRIC_ROUND_KEYS = {
+    "shuffle_generator_credit": "its control run",
+    "induce_common_noise": "its induced responses' noise",
+    "induced_responses": "responses per rubric group; DynamicRubric samples "
+                         "round.num_responses per prompt",
+}
+DEFAULT_ROUND = RoundConfig()
+
+
 class DynamicRubric(core.Method):
     """DynamicRubric (see the module docstring)."""
 
@@ -279,13 +289,10 @@ class DynamicRubric(core.Method):
     def check_round(self, config, oracle_reward):
         if config.policy_reward == "oracle" and oracle_reward is None:
             raise ValueError("policy_reward='oracle' needs an oracle_reward function")
-        for key in ("shuffle_generator_credit", "induce_common_noise"):
-            if getattr(config, key):
-                raise ValueError(f"round.{key} is GenRubric's (its control run, its induced "
-                                 "responses); DynamicRubric has no such option")
-        if config.induced_responses != 1:
-            raise ValueError("round.induced_responses is GenRubric's (responses per rubric "
-                             "group); DynamicRubric samples round.num_responses per prompt")
+        for key, what in GENRUBRIC_ROUND_KEYS.items():
+            if getattr(config, key) != getattr(DEFAULT_ROUND, key):
+                raise ValueError(f"round.{key} is GenRubric's ({what}); DynamicRubric has no "
+                                 "such option")
 
     def round(self, setup, state, frozen, batch, rng, run=None):
         return dynamic_rubric_round(setup, state, frozen, batch, rng, run)

@@ -101,6 +101,20 @@ def common_noise_rows(batch_size: int, groups: int, n: int) -> jax.Array:
     return row // (groups * n) * n + row % n
 
 
+def policy_update_inputs(induced: Induced, advantages: jax.Array, n: int) -> UpdateInputs:
+    """The policy's update on its induced responses: each group's prompt `[B G, Lind]` as one
+    row under its N responses `[B G, N, ...]` (`core.role_update_stage` encodes it once with
+    `share_prefix` when N > 1)."""
+    b, g = induced.prompt.tokens.shape[:2]
+
+    def under_prompt(x: jax.Array) -> jax.Array:  # [B, G N, ...] -> [B G, N, ...]
+        return x.reshape(b * g, n, *x.shape[2:])
+
+    return UpdateInputs(induced.prompt.tokens.reshape(b * g, -1),
+                        induced.prompt.mask.reshape(b * g, -1),
+                        jax.tree.map(under_prompt, induced.responses), under_prompt(advantages))
+
+
 def response_sets(x: jax.Array, n: int, axis: int) -> jax.Array:
     """`[..., G N, ...]` at `axis` (group g's i-th response at g N + i) -> `[..., N, G, ...]`:
     N sets of one response per group, each scored as the paper scores its one response."""
@@ -308,9 +322,8 @@ def genrubric_round(setup: RoundSetup, state: RoundState, frozen: Frozen, batch:
     new_state, update_metrics = core.update_roles(setup, run, state, frozen, {
         Role.GENERATOR: UpdateInputs(gen_input.tokens, gen_input.mask, rubrics,
                                      judged.credit.token_advantages),
-        Role.POLICY: UpdateInputs(*(jnp.repeat(x, setup.config.induced_responses, axis=1)
-                                    for x in (induced.prompt.tokens, induced.prompt.mask)),
-                                  induced.responses, judged.policy_advantages),
+        Role.POLICY: policy_update_inputs(induced, judged.policy_advantages,
+                                          setup.config.induced_responses),
     }, rng)
     credit = judged.credit
     outputs = Outputs(induced.responses.tokens, induced.text_len, rubrics.tokens,
@@ -476,7 +489,7 @@ class GenRubric(core.Method):
                                        g * dims.items, dims.item_tokens + dims.readout_suffix),),
             updates=core.trained_updates(config, {
                 Role.GENERATOR: (b * g, generator_prompt, dims.rubric, g),
-                Role.POLICY: (b * g * per_group, policy_prompt, n)}),
+                Role.POLICY: (b * g * per_group, policy_prompt, n, per_group)}),
             reads={
                 "generator rollout": (Read(Role.POLICY, "prompts, rng key", question, 8),),
                 "policy rollout": (Read(Role.GENERATOR, "rubrics", rubrics),),
