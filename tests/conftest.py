@@ -1,18 +1,16 @@
-"""Every test sees 8 fake CPU devices, so sharding is exercised without accelerators.
+"""Every test sees 8 fake CPU devices, so sharding is exercised without accelerators, and
+XLA:CPU's cheapest compile (`xla_flags.py`).
 
-The flag must be set before jax is imported anywhere, hence at the top of conftest.
+The flags must be set before jax is imported anywhere, hence at the top of conftest.
 """
 
 import os
 import tempfile
 
-# A collective whose participants have not all arrived after 40 s makes XLA:CPU end the process
-# (a crashed xdist worker); on a loaded 2-core CI machine the 8 fake devices' threads can be that
-# late without anything being wrong, so the tests wait up to 10 minutes.
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-    " --xla_cpu_collective_call_terminate_timeout_seconds=600"
-).strip()
+from xla_flags import COLLECTIVE_TIMEOUT, FAKE_DEVICES, FAST_COMPILE  # jax-free
+
+os.environ["XLA_FLAGS"] = " ".join(
+    [os.environ.get("XLA_FLAGS", ""), FAKE_DEVICES, COLLECTIVE_TIMEOUT, FAST_COMPILE]).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # XLA:CPU sizes its thread pool from NPROC; on 2 cores, a round on a tensor-parallel mesh can
 # run out of threads when two collectives wait on each other (seen with mesh (1, 2, 4)).

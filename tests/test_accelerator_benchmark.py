@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from xla_flags import FAST_COMPILE
+
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = (
     "decode (`sampling.sample`)",
@@ -36,8 +38,7 @@ def number(cell: str) -> float:
 def test_accelerator_benchmark_tiny_cpu(tmp_path):
     # One CPU device, and XLA:CPU's cheapest code generation: the script compiles about ten
     # programs (the round four times, by prefixes), and their compile is nearly all its time.
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": (
-        "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true")}
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": FAST_COMPILE}
     out = tmp_path / "table.md"
     result = subprocess.run(
         [sys.executable, "benchmarks/accelerator.py", "--size", "tiny", "--dtype", "float32",

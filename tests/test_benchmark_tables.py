@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from xla_flags import FAST_COMPILE
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -33,8 +34,7 @@ def number(cell: str) -> float:
 def test_round_stages_one_program_vs_separate_programs():
     # One CPU device and XLA:CPU's cheapest code generation: compiling the round twice (whole
     # and by stages) is nearly all the time.
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": (
-        "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true")}
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": FAST_COMPILE}
     result = subprocess.run(
         [sys.executable, "benchmarks/round_stages.py", "--only", "programs", "--repeats", "1",
          "--config.round.response_tokens=4", "--config.rubric.max_items=2"],

@@ -242,9 +242,10 @@ def test_the_world_raises_agreement_above_its_control_and_recomputes_the_logged_
     script = ("import json, sys\nfrom jaxrubric.toy import genrubric_world as gw\n"
               "gw.run_genrubric_world(sys.argv[1], gw.GenRubricWorldConfig(**json.loads("
               "sys.argv[2])))\n")
+    from xla_flags import as_a_user_runs
+
     env = dict(os.environ)  # one CPU device, as `jaxrubric train` runs
-    env["XLA_FLAGS"] = env.get("XLA_FLAGS", "").replace(
-        "--xla_force_host_platform_device_count=8", "").strip()
+    env["XLA_FLAGS"] = as_a_user_runs(env.get("XLA_FLAGS", ""))
     subprocess.run([sys.executable, "-c", script, str(workdir), json.dumps(over)], env=env,
                    check=True, timeout=1800)
     summary = json.loads((workdir / "summary.json").read_text())

@@ -22,6 +22,7 @@ import pytest
 from flax import nnx
 from helpers import (SEEDS, flat, round_case, start_processes, tiny_model_config, tiny_tokenizer,
                      update_error, wait_processes)
+from xla_flags import with_devices
 
 import jaxrubric
 from jaxrubric import sharding as shd
@@ -123,7 +124,7 @@ def _round(shape: tuple[int, int, int]) -> dict[str, np.ndarray]:
 
 @pytest.mark.slow
 def test_round_is_the_same_on_every_mesh(tmp_path):
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+    env = {**os.environ, "XLA_FLAGS": with_devices(8),
            "JAX_PLATFORMS": "cpu", "NPROC": NPROC}
     processes = start_processes(
         [[sys.executable, __file__, str(tmp_path), *names] for names in PROCESSES], env, tmp_path)

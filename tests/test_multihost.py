@@ -16,6 +16,7 @@ from pathlib import Path
 import jax
 import pytest
 from helpers import CONFIGS, flat, start_processes, update_error, wait_processes
+from xla_flags import with_devices
 
 from jaxrubric import distributed
 from jaxrubric.config import load_config
@@ -158,7 +159,7 @@ def _free_port() -> int:
 
 def _start_workers(workdir: Path, logs: Path, count: int = 2) -> list[subprocess.Popen]:
     """`count` worker processes, 4 CPU devices each, meeting at a coordinator on localhost."""
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+    env = {**os.environ, "XLA_FLAGS": with_devices(4),
            "JAX_PLATFORMS": "cpu"}
     for name in ENV_VARS:
         env.pop(name, None)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from xla_flags import as_a_user_runs
 
 from jaxrubric.toy import diagnostics, world
 
@@ -34,8 +35,7 @@ NOTEBOOK = Path(__file__).parent.parent / "colab" / "quickstart.ipynb"
 
 def _one_device_env() -> dict[str, str]:
     env = dict(os.environ)
-    env["XLA_FLAGS"] = env.get("XLA_FLAGS", "").replace(
-        "--xla_force_host_platform_device_count=8", "").strip()
+    env["XLA_FLAGS"] = as_a_user_runs(env.get("XLA_FLAGS", ""))
     return env
 
 
