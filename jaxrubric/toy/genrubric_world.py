@@ -99,7 +99,8 @@ class GenRubricWorldConfig:
     sft_lr: float = 1e-3
     # From the 0.5 cold start, 2e-4 gave +0.15 / +0.17 / +0.06 on seeds 0 / 1 / 2 (seed 2 flat
     # for its first 20 rounds); 4e-4 gave +0.14 / +0.23 / +0.20 (both with 8 queries a round;
-    # README).
+    # README). 8e-4 (16 queries) did worse on four of the nine draws: mean +0.122 against
+    # +0.132, the worst +0.064.
     generator_lr: float = 4e-4
     # config.optim.lr_schedule. A cosine decay to a tenth did not steady seed 2: its three
     # draws rose +0.113 / +0.067 / +0.065, against +0.097 / +0.130 / +0.165 constant (README).
