@@ -230,9 +230,10 @@ SHORT = gw.GenRubricWorldConfig(eval_every=60, eval_queries=64, bootstrap=1000)
 @pytest.mark.slow
 def test_the_world_raises_agreement_above_its_control_and_recomputes_the_logged_one(tmp_path):
     import dataclasses
-    import os
     import subprocess
     import sys
+
+    from xla_flags import as_a_user_runs
 
     from jaxrubric.train_loop import read_eval_history
 
@@ -242,11 +243,8 @@ def test_the_world_raises_agreement_above_its_control_and_recomputes_the_logged_
     script = ("import json, sys\nfrom jaxrubric.toy import genrubric_world as gw\n"
               "gw.run_genrubric_world(sys.argv[1], gw.GenRubricWorldConfig(**json.loads("
               "sys.argv[2])))\n")
-    from xla_flags import as_a_user_runs
-
-    env = dict(os.environ)  # one CPU device, as `jaxrubric train` runs
-    env["XLA_FLAGS"] = as_a_user_runs(env.get("XLA_FLAGS", ""))
-    subprocess.run([sys.executable, "-c", script, str(workdir), json.dumps(over)], env=env,
+    subprocess.run([sys.executable, "-c", script, str(workdir), json.dumps(over)],
+                   env=as_a_user_runs(),  # one CPU device, as `jaxrubric train` runs
                    check=True, timeout=1800)
     summary = json.loads((workdir / "summary.json").read_text())
     assert summary["rounds"] == [0, 60]

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -33,12 +32,6 @@ SHORT = world.ToyWorldConfig(runs=("coevolve",), rounds=20, generator_rounds=10,
 NOTEBOOK = Path(__file__).parent.parent / "colab" / "quickstart.ipynb"
 
 
-def _one_device_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = as_a_user_runs(env.get("XLA_FLAGS", ""))
-    return env
-
-
 def _short_overrides() -> dict:
     return {k: v for k, v in dataclasses.asdict(SHORT).items()
             if v != getattr(world.ToyWorldConfig(), k)}
@@ -51,7 +44,7 @@ def test_toy_world_quality_rises_and_the_notebook_runs(tmp_path, monkeypatch):
               "over = json.loads(sys.argv[2]); over['runs'] = tuple(over['runs'])\n"
               "run_toy_world(sys.argv[1], ToyWorldConfig(**over))\n")
     subprocess.run([sys.executable, "-c", script, str(workdir), json.dumps(_short_overrides())],
-                   env=_one_device_env(), check=True, timeout=900)
+                   env=as_a_user_runs(), check=True, timeout=900)
     summary = json.loads((workdir / "summary.json").read_text())
     quality = summary["coevolve"]
     assert len(quality) == SHORT.rounds // SHORT.eval_every + 1
@@ -77,7 +70,7 @@ def test_toy_world_quality_rises_and_the_notebook_runs(tmp_path, monkeypatch):
                          "RUN_REAL_MODEL = True\nRECIPE = ''\n"
                          f"REAL_WORKDIR = {str(real_workdir)!r}\nREAL_ROUNDS = 1\n"
                          "DEVICE_MEMORY = '15GiB'")
-    monkeypatch.setenv("XLA_FLAGS", _one_device_env()["XLA_FLAGS"])  # the kernel inherits it
+    monkeypatch.setenv("XLA_FLAGS", as_a_user_runs()["XLA_FLAGS"])  # the kernel inherits it
     # The real-model part checks the hub first (unreachable here); where it is reachable, JAX
     # on the CPU makes it skip all the same, so a test never downloads Qwen3-0.6B.
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")

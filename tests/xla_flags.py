@@ -3,8 +3,15 @@ jax is imported, and tests that start processes build those processes' flags fro
 
 from __future__ import annotations
 
-# 8 fake CPU devices: sharding is exercised without accelerators.
-FAKE_DEVICES = "--xla_force_host_platform_device_count=8"
+import os
+
+
+def fake_devices(count: int) -> str:
+    """`count` fake CPU devices: sharding exercised without accelerators."""
+    return f"--xla_force_host_platform_device_count={count}"
+
+
+FAKE_DEVICES = fake_devices(8)  # the test session's
 # A collective whose participants have not all arrived after 40 s makes XLA:CPU end the
 # process (a crashed xdist worker); on a loaded 2-core CI machine the 8 fake devices' threads
 # can be that late without anything being wrong, so the tests wait up to 10 minutes.
@@ -19,12 +26,14 @@ FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_
 
 def with_devices(count: int) -> str:
     """The flags of a process a test starts with `count` fake CPU devices."""
-    return f"--xla_force_host_platform_device_count={count} {FAST_COMPILE}"
+    return f"{fake_devices(count)} {FAST_COMPILE}"
 
 
-def as_a_user_runs(flags: str) -> str:
-    """`flags` without the session's fake devices and compile settings: one CPU device and the
-    default compile, as `jaxrubric train` runs for a user."""
+def as_a_user_runs() -> dict[str, str]:
+    """This process's environment with `XLA_FLAGS` stripped of the session's fake devices and
+    compile settings: one CPU device and the default compile, as `jaxrubric train` runs for a
+    user (the toy worlds' processes)."""
+    flags = os.environ.get("XLA_FLAGS", "")
     for flag in (FAKE_DEVICES, *FAST_COMPILE.split()):
         flags = flags.replace(flag, "")
-    return " ".join(flags.split())
+    return {**os.environ, "XLA_FLAGS": " ".join(flags.split())}
