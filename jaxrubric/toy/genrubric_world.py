@@ -145,7 +145,7 @@ class GenRubricWorldConfig:
             raise ValueError(f"unknown GenRubric toy runs {sorted(unknown)}; choose from {RUNS}")
 
     def verifier_world(self) -> world.ToyWorldConfig:
-        """The DynamicRubric world's settings its verifier warm start reads."""
+        """A DynamicRubric world whose verifier this world uses (`world.VERIFIER_SETTINGS`)."""
         return world.ToyWorldConfig(seed=self.seed, max_item_tokens=self.max_item_tokens,
                                     verifier_steps=self.verifier_steps,
                                     verifier_malformed=self.verifier_malformed,

@@ -351,6 +351,19 @@ def sft_optimizer(lr: float, steps: int) -> optax.GradientTransformation:
         0.0, lr, min(50, steps // 5), steps, end_value=lr / 10))
 
 
+# All that the verifier's warm start reads of a world's config: two configs that agree on these
+# train the same verifier (the GenRubric world trains the DynamicRubric world's; the toy-world
+# tests train it once for both).
+VERIFIER_SETTINGS = ("seed", "max_item_tokens", "verifier_steps", "verifier_items",
+                     "verifier_malformed", "verifier_hidden_size", "verifier_layers", "sft_batch",
+                     "sft_lr")
+
+
+def verifier_settings(cfg: ToyWorldConfig) -> ToyWorldConfig:
+    """`cfg` with everything but `VERIFIER_SETTINGS` at its default."""
+    return ToyWorldConfig(**{key: getattr(cfg, key) for key in VERIFIER_SETTINGS})
+
+
 def warm_start(role: str, workdir: Path, tokenizer: Any, mesh, cfg: ToyWorldConfig) -> Path:
     """Trains one role by SFT and saves it as an HF checkpoint (skipped when saved before)."""
     out = workdir / "models" / role
@@ -358,6 +371,7 @@ def warm_start(role: str, workdir: Path, tokenizer: Any, mesh, cfg: ToyWorldConf
         return out
     rng = random.Random(f"{cfg.seed}-{role}")
     if role == "verifier":
+        cfg = verifier_settings(cfg)  # so that it can read nothing else
         model = new_model(tokenizer, mesh, cfg.seed + 3, cfg.verifier_hidden_size,
                            cfg.verifier_layers)
         make = None
