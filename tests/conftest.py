@@ -7,14 +7,12 @@ The flags must be set before jax is imported anywhere, hence at the top of conft
 import os
 import tempfile
 
-from xla_flags import COLLECTIVE_TIMEOUT, FAKE_DEVICES, FAST_COMPILE  # jax-free
+from xla_flags import COLLECTIVE_TIMEOUT, FAKE_DEVICES, FAST_COMPILE, THREADS  # jax-free
 
 os.environ["XLA_FLAGS"] = " ".join(
     [os.environ.get("XLA_FLAGS", ""), FAKE_DEVICES, COLLECTIVE_TIMEOUT, FAST_COMPILE]).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# XLA:CPU sizes its thread pool from NPROC; on 2 cores, a round on a tensor-parallel mesh can
-# run out of threads when two collectives wait on each other (seen with mesh (1, 2, 4)).
-os.environ.setdefault("NPROC", "16")
+os.environ.setdefault("NPROC", THREADS)  # xla_flags.THREADS: why
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # `datasets` caches what it reads; keep test runs from filling the user's cache.
@@ -47,16 +45,28 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     """Orders the run for `-n 2` under work stealing (`pytest_configure`): each worker is handed
     half of the list and idle workers steal from the tail of the other's queue. So each half
-    starts with its share of the slow tests, a toy world at the head of each, and ends with
-    fast tests that can be stolen. (xdist's default scheduler hands out consecutive chunks: with
+    starts with its share of the slow tests, a toy world at or near the head of each, and ends
+    with fast tests that can be stolen. (xdist's default scheduler hands out consecutive chunks: with
     the slow tests simply put first, one worker ran both worlds and most slow tests in series,
     2311 s for 3515 s of tests.)"""
     slow = sorted((i for i in items if i.get_closest_marker("slow")),
                   key=lambda item: not item.nodeid.startswith(WORLD_TESTS))
     fast = [i for i in items if not i.get_closest_marker("slow")]
-    first = slow[0::2]
+    first, second = slow[0::2], slow[1::2]
+    if len(second) > 1 and second[0].nodeid.startswith(WORLD_TESTS):
+        # One slow test before the second world, which would otherwise wait idle for the
+        # verifier the first world's test is training for both (`shared_warm_starts.py`).
+        second[:2] = second[1::-1]
     cut = max(0, len(items) // 2 - len(first))
-    items[:] = first + fast[:cut] + slow[1::2] + fast[cut:]
+    items[:] = first + fast[:cut] + second + fast[cut:]
+
+
+@pytest.fixture(scope="session")
+def shared_warm_starts(tmp_path_factory):
+    """Where the toy-world tests keep the warm starts they share (`shared_warm_starts.py`):
+    one folder for all xdist workers (each has its own base under the run's)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,7 @@ tensor axis) sample the same tokens and make the same updates.
 The meshes run in two processes started by the test (`python tests/test_mesh_equivalence.py
 OUT_DIR MESH...`): two compilations at a time use both cores of a small CI machine while holding
 two processes' memory (~2.3 GB each), and a process can be given the XLA thread pool the
-tensor-parallel round needs (see `NPROC`).
+tensor-parallel round needs (see `xla_flags.THREADS`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import pytest
 from flax import nnx
 from helpers import (SEEDS, flat, round_case, start_processes, tiny_model_config, tiny_tokenizer,
                      update_error, wait_processes)
-from xla_flags import with_devices
+from xla_flags import THREADS, with_devices
 
 import jaxrubric
 from jaxrubric import sharding as shd
@@ -43,11 +43,6 @@ COMPARED_METRICS = ("policy/reward", "policy/reward_std_in_group", "policy/grad_
                     "generator/reward", "generator/grad_norm", "verifier/yes_rate",
                     "rubric/items", "rubric/tokens", "rubric/valid_rate")
 SAMPLED = ("responses", "response_len", "rubrics", "rubric_len")
-# XLA's CPU client sizes its thread pool by NPROC, else by the cores. On 2 cores the (1, 2, 4)
-# round deadlocks: an all-reduce over fsdp pairs (inside a loop) and an all-device
-# collective-permute run concurrently, blocked device threads starve the pool, and XLA aborts
-# the process after 40 s. 16 threads let every device of both collectives arrive.
-NPROC = "16"
 TIMEOUT_S = 900
 
 
@@ -125,7 +120,7 @@ def _round(shape: tuple[int, int, int]) -> dict[str, np.ndarray]:
 @pytest.mark.slow
 def test_round_is_the_same_on_every_mesh(tmp_path):
     env = {**os.environ, "XLA_FLAGS": with_devices(8),
-           "JAX_PLATFORMS": "cpu", "NPROC": NPROC}
+           "JAX_PLATFORMS": "cpu", "NPROC": THREADS}
     processes = start_processes(
         [[sys.executable, __file__, str(tmp_path), *names] for names in PROCESSES], env, tmp_path)
     wait_processes(processes, tmp_path, TIMEOUT_S)
