@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -181,6 +182,21 @@ def changed_roles(before: Mapping[Role, Any], state: RoundState) -> set[Role]:
         if any(jax.tree.leaves(moved)):
             changed.add(role)
     return changed
+
+
+# ---------------------------------------------------------------------------- training runs
+def stopped_after(run: Path, copy: Path, round_: int) -> Path:
+    """`copy`: the finished training run `run` as a run stopped after `round_` leaves its
+    workdir, the later checkpoints gone (their logs stay, as a run killed before its next
+    checkpoint is written leaves them). A resume test trains once fewer so (each `train`
+    compiles its round again) than by stopping a run for real."""
+    shutil.copytree(run, copy)
+    later = [step for step in (copy / "checkpoints").iterdir()
+             if step.name.isdigit() and int(step.name) > round_]
+    assert later, f"{run} has no checkpoint after round {round_}"
+    for step in later:
+        shutil.rmtree(step)
+    return copy
 
 
 # ------------------------------------------------------------------ processes and updates

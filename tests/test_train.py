@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from helpers import stopped_after
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import jaxrubric
@@ -33,9 +34,9 @@ def _final_state(workdir):
 
 @pytest.mark.slow
 def test_train_resume_equals_uninterrupted_and_exports(tmp_path, capsys):
+    """(Extending a finished run with more rounds: `test_genrubric_config_trains_and_resumes`.)"""
     assert _train(tmp_path / "straight", 2) == 0
-    assert _train(tmp_path / "resumed", 1) == 0
-    assert _train(tmp_path / "resumed", 2) == 0
+    assert _train(stopped_after(tmp_path / "straight", tmp_path / "resumed", 1), 2) == 0
     assert "resumed from round 1" in capsys.readouterr().out
     straight, meta = _final_state(tmp_path / "straight")
     resumed, _ = _final_state(tmp_path / "resumed")
