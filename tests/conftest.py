@@ -30,7 +30,7 @@ import pytest  # noqa: E402
 from jaxrubric import sharding as shd  # noqa: E402
 
 
-# The two longest tests (the toy worlds, ~16-18 and ~6-7 minutes beside another worker).
+# The two longest tests (the toy worlds, ~15 and ~4 minutes beside another worker).
 WORLD_TESTS = ("tests/test_genrubric_toy.py::test_the_world",
                "tests/test_toy_world.py::test_toy_world")
 
