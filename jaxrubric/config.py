@@ -74,6 +74,10 @@ def base_config() -> ml_collections.ConfigDict:
     for role in TRAINED:
         c[role.value].lora = ml_collections.ConfigDict(
             {"rank": 0, "alpha": 32.0, "dropout": 0.0, "targets": "q_proj,k_proj,v_proj,o_proj"})
+        # The KL reference of a fully fine-tuned role (round.<role>_beta): a checkpoint of the
+        # same architecture, e.g. the SFT model when `path` is an earlier RL run's export.
+        # Empty: the weights the role starts from (`path`).
+        c[role.value].reference = ""
     # data.eval: held-out prompts with anchor lists for the evaluator's Δgap (and, with an
     # oracle, the policy's ground-truth quality), evaluated every `eval_every` rounds on its
     # first `eval_batch_size` rows (0: data.batch_size).
@@ -222,7 +226,7 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ml_collectio
         apply_override(config, override)
     base, leaves = path.parent.resolve(), dict(_leaves(config))
     for key in ("tokenizer", "data.train", "data.eval", "policy.path", "generator.path",
-                "verifier.path"):
+                "verifier.path", "policy.reference", "generator.reference"):
         value = leaves.get(key)  # absent or not a string: check_config says so
         if isinstance(value, str) and value and not Path(value).is_absolute() and (
                 base / value).exists():
@@ -471,6 +475,9 @@ def check_config(config: ml_collections.ConfigDict) -> None:
             raise ConfigFileError(f"config.{role}.lora.rank must be >= 0 (0: off), got "
                                   f"{config[role].lora.rank}")
         role_lora(config, role)
+        if config[role].reference and config[role].lora.rank:
+            raise ConfigFileError(f"config.{role}.reference: a LoRA role's KL reference is its "
+                                  "base (its path, the adapters off); leave it empty")
     try:
         round_config(config)
     except (TypeError, ValueError) as err:

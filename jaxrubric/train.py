@@ -104,6 +104,10 @@ def reference_params(model: Decoder) -> nnx.State:
         nnx.state(model, nnx.Param))
 
 
+def _param_shapes(model: Decoder) -> dict:
+    return jax.tree.map(lambda x: (x.shape, x.dtype), nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+
+
 OracleReward = Callable[..., jax.Array]
 
 
@@ -179,7 +183,7 @@ class CoevolveTask:
             chat_template_kwargs=dict(config.chat_template_kwargs) or None,
             template_style=config.rubric.template_style, oracle_reward=oracle)
         # A LoRA role's KL reference is its frozen base (adapters off): no copy is made.
-        references = {role: reference_params(models[role]) if rc.needs_reference(role)
+        references = {role: self._reference(role, models[role]) if rc.needs_reference(role)
                       and models[role].config.lora is None else None for role in TRAINED}
         bases = {role: core.base_weights(models[role]) for role in TRAINED}
         self.frozen = Frozen(nnx.state(models[Role.VERIFIER], nnx.Param),
@@ -215,6 +219,19 @@ class CoevolveTask:
             self._evaluate = evaluate
 
     # -------------------------------------------------------------- train_loop.Task
+    def _reference(self, role: Role, model: Decoder) -> nnx.State:
+        """The KL reference of a fully fine-tuned role: `config.<role>.reference`'s weights,
+        which must have `model`'s shapes, or (empty) `model`'s own starting weights."""
+        spec = self.config[role]
+        if not spec.reference:
+            return reference_params(model)
+        other = role_model(ml_collections.ConfigDict({**spec.to_dict(), "path": spec.reference}),
+                           len(self.tokenizer), self.tokenizer, self.meshes[role])
+        if _param_shapes(other) != _param_shapes(model):
+            raise ValueError(f"config.{role}.reference: {spec.reference} is not the "
+                             f"architecture of config.{role}.path ({spec.path or 'random'})")
+        return reference_params(other)
+
     def init_state(self, rng: jax.Array) -> core.RoundState:
         return core.init_state(self.setup, self.models)
 

@@ -261,3 +261,21 @@ def test_every_compared_run_pulls_its_policy_toward_the_warm_start_by_the_same_k
     for name in world.RUNS:
         c = world.run_config(name, tmp_path, paths, cfg, tmp_path / "models" / "generator")
         assert c.round.policy_beta == 0.07 and not c.round.freeze_policy
+
+
+def test_a_cold_start_reference_reaches_the_trained_compared_generators_only(tmp_path):
+    """`generator_reference="cold_start"`: the co-evolving and static generators' KL reads
+    their own cold start (not the generator they start from); the generators' own rounds
+    start from it anyway, and the frozen and ground-truth runs train no generator."""
+    paths = world.write_data(tmp_path, world.ToyWorldConfig())
+    models = tmp_path / "models"
+    want = {"coevolve": str(models / "generator_cold"),
+            "static": str(models / "generator_cold_static"), "frozen": "", "oracle": "",
+            "generator": "", "generator_static": ""}
+    for choice in world.GENERATOR_REFERENCES:
+        cfg = world.ToyWorldConfig(generator_reference=choice)
+        for name, reference in want.items():
+            c = world.run_config(name, tmp_path, paths, cfg, models / "generator")
+            assert c.generator.reference == (reference if choice == "cold_start" else ""), name
+    with pytest.raises(ValueError, match="generator_reference 'sft' is not one of"):
+        world.ToyWorldConfig(generator_reference="sft")

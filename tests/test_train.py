@@ -61,6 +61,36 @@ def test_train_resume_equals_uninterrupted_and_exports(tmp_path, capsys):
     assert transformers.AutoTokenizer.from_pretrained(out).chat_template
 
 
+def test_a_kl_reference_other_than_the_starting_weights(tmp_path):
+    """`config.<role>.reference`: the KL term reads that checkpoint (here the policy's weights
+    saved), not the weights the role starts from; another architecture, or a LoRA role, is
+    refused naming the key."""
+    from flax import nnx
+
+    from jaxrubric.roles import Role
+
+    task = CoevolveTask(load_config(CONFIG))
+    assert task.frozen.generator_ref is not None  # generator_beta > 0: a reference is held
+    started = nnx.to_pure_dict(task.frozen.generator_ref)
+    jax.tree.map(np.testing.assert_array_equal, started, nnx.to_pure_dict(
+        nnx.state(task.models[Role.GENERATOR], nnx.Param)))
+    jaxrubric.save_pretrained(task.models[Role.POLICY], tmp_path / "other")
+    task = CoevolveTask(load_config(CONFIG, [f"generator.reference={tmp_path / 'other'}"]))
+    jax.tree.map(np.testing.assert_array_equal, nnx.to_pure_dict(task.frozen.generator_ref),
+                 nnx.to_pure_dict(nnx.state(task.models[Role.POLICY], nnx.Param)))
+
+    small = jaxrubric.tiny_config("qwen3", vocab_size=len(task.tokenizer), hidden_size=16,
+                                  num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8,
+                                  intermediate_size=32)
+    jaxrubric.save_pretrained(jaxrubric.init_model(small), tmp_path / "small")
+    with pytest.raises(ValueError, match="config.generator.reference: .*small is not the "
+                                         "architecture of config.generator.path"):
+        CoevolveTask(load_config(CONFIG, [f"generator.reference={tmp_path / 'small'}"]))
+    with pytest.raises(ConfigFileError, match="config.generator.reference: a LoRA role's KL"):
+        load_config(CONFIG, [f"generator.reference={tmp_path / 'other'}",
+                             "generator.lora.rank=4"])
+
+
 def test_config_errors_name_the_key(tmp_path):
     with pytest.raises(ConfigFileError, match="config has no key 'round.nonsense'"):
         load_config(CONFIG, ["round.nonsense=1"])

@@ -63,6 +63,7 @@ from jaxrubric.train_loop import read_eval_history
 
 RUNS = ("coevolve", "frozen", "static", "oracle")
 TEACHER_FOCUS = ("contested", "prompt")
+GENERATOR_REFERENCES = ("run_start", "cold_start")  # ToyWorldConfig.generator_reference
 # The runs whose generator sees only the prompt (DynamicRubric's static baseline).
 STATIC_RUNS = ("static",)
 
@@ -129,6 +130,10 @@ class ToyWorldConfig:
     # Without it the policy's reward kept rising after round 20 while its held-out quality
     # fell under most learned evaluators (it finds what the rubrics miss); 0.01 did worse.
     policy_beta: float = 0.04
+    # The compared runs' generator KL reference: "run_start" (the generator they start from,
+    # after its own rounds) or "cold_start" (its SFT cold start, as RLHF keeps its SFT model:
+    # the only start that still writes every kind of sound item).
+    generator_reference: str = "run_start"
     hidden_size: int = 64
     num_layers: int = 2
     verifier_hidden_size: int = 64
@@ -143,6 +148,7 @@ class ToyWorldConfig:
                               ("teacher_sound", task.SOUND_KINDS),
                               ("teacher_mistakes", task.POLICY_MISTAKES),
                               ("teacher_focus", TEACHER_FOCUS),
+                              ("generator_reference", GENERATOR_REFERENCES),
                               ("anchors", task.ANCHOR_KINDS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"ToyWorldConfig.{name} {getattr(self, name)!r} is not one of "
@@ -476,6 +482,9 @@ def run_config(name: str, workdir: Path, paths: dict[str, Path], cfg: ToyWorldCo
         # instead of 44 s, with the same weights.
         c.data.eval = ""
         c.eval_every = 0
+    elif cfg.generator_reference == "cold_start" and name in ("coevolve", *STATIC_RUNS):
+        cold = "generator_cold_static" if name in STATIC_RUNS else "generator_cold"
+        c.generator.reference = str(workdir / "models" / cold)
     elif name == "frozen":
         c.round.freeze_generator = True
     elif name == "oracle":
