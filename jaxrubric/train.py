@@ -105,7 +105,8 @@ def reference_params(model: Decoder) -> nnx.State:
 
 
 def _param_shapes(model: Decoder) -> dict:
-    return jax.tree.map(lambda x: (x.shape, x.dtype), nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+    return jax.tree.map(lambda x: (x.shape, x.dtype),
+                        nnx.to_pure_dict(nnx.state(model, nnx.Param)))
 
 
 OracleReward = Callable[..., jax.Array]
@@ -218,7 +219,6 @@ class CoevolveTask:
                 self.mesh, jax.tree.map(lambda x: x[local], self.held_out.batch), local, size)
             self._evaluate = evaluate
 
-    # -------------------------------------------------------------- train_loop.Task
     def _reference(self, role: Role, model: Decoder) -> nnx.State:
         """The KL reference of a fully fine-tuned role: `config.<role>.reference`'s weights,
         which must have `model`'s shapes, or (empty) `model`'s own starting weights."""
@@ -232,6 +232,7 @@ class CoevolveTask:
                              f"architecture of config.{role}.path ({spec.path or 'random'})")
         return reference_params(other)
 
+    # -------------------------------------------------------------- train_loop.Task
     def init_state(self, rng: jax.Array) -> core.RoundState:
         return core.init_state(self.setup, self.models)
 
