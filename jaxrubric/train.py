@@ -91,16 +91,19 @@ def role_model(role: ml_collections.ConfigDict, vocab_size: int, tokenizer: Any,
     return model
 
 
-def reference_params(model: Decoder) -> nnx.State:
+def reference_params(model: Decoder, *, copy: bool = True) -> nnx.State:
     """A frozen copy of `model`'s parameters for the KL term, in its compute dtype.
 
     The forward casts every weight to the compute dtype before using it, so a reference stored
     in that dtype gives the same log-probs bit for bit; with fp32 master weights and bf16
-    compute (the 8B recipes) it takes half the memory.
+    compute (the 8B recipes) it takes half the memory. `copy=False` for a model nothing else
+    keeps (a reference loaded for the purpose): weights already in that dtype are taken as
+    they are, not held twice at start-up.
     """
     compute = jax.numpy.dtype(model.config.dtype)
+    keep = (lambda x: x.copy()) if copy else (lambda x: x)
     return jax.tree.map(
-        lambda x: x.astype(compute) if compute.itemsize < x.dtype.itemsize else x.copy(),
+        lambda x: x.astype(compute) if compute.itemsize < x.dtype.itemsize else keep(x),
         nnx.state(model, nnx.Param))
 
 
@@ -230,7 +233,7 @@ class CoevolveTask:
         if _param_shapes(other) != _param_shapes(model):
             raise ValueError(f"config.{role}.reference: {spec.reference} is not the "
                              f"architecture of config.{role}.path ({spec.path or 'random'})")
-        return reference_params(other)
+        return reference_params(other, copy=False)
 
     # -------------------------------------------------------------- train_loop.Task
     def init_state(self, rng: jax.Array) -> core.RoundState:
