@@ -46,9 +46,9 @@ def pytest_collection_modifyitems(config, items):
     """Orders the run for `-n 2` under work stealing (`pytest_configure`): each worker is handed
     half of the list and idle workers steal from the tail of the other's queue. So each half
     starts with its share of the slow tests, a toy world at or near the head of each, and ends
-    with fast tests that can be stolen. (xdist's default scheduler hands out consecutive chunks: with
-    the slow tests simply put first, one worker ran both worlds and most slow tests in series,
-    2311 s for 3515 s of tests.)"""
+    with fast tests that can be stolen. (xdist's default scheduler hands out consecutive chunks:
+    with the slow tests simply put first, one worker ran both worlds and most slow tests in
+    series, 2311 s for 3515 s of tests.)"""
     slow = sorted((i for i in items if i.get_closest_marker("slow")),
                   key=lambda item: not item.nodeid.startswith(WORLD_TESTS))
     fast = [i for i in items if not i.get_closest_marker("slow")]
