@@ -205,6 +205,34 @@ def test_run_config_carries_the_worlds_sampling_and_advantage_defaults(tmp_path)
     assert gw.run_config("evolving", tmp_path, paths, over).round.generator_temperature == 1.0
 
 
+def test_the_answerer_trains_in_stages_until_it_follows_the_rubrics_it_is_shown(tmp_path):
+    import jax
+
+    import jaxrubric
+    from jaxrubric import sharding as shd
+
+    tokenizer = jaxrubric.load_tokenizer(task.build_tokenizer(tmp_path / "tokenizer"))
+    mesh = shd.make_mesh({"fsdp": 1}, devices=jax.devices()[:1])
+    tiny = dict(answerer_steps=2, answerer_hidden_size=16, answerer_layers=1, sft_batch=4,
+                answerer_stages=2)
+
+    def stages(workdir, follows):
+        gw.warm_start("policy", workdir, tokenizer, mesh,
+                      gw.GenRubricWorldConfig(answerer_follows=follows, **tiny))
+        history = json.loads((workdir / "models" / "policy" / "sft_history.json").read_text())
+        checks = [h for h in history if "follows_named_digits" in h]
+        return [h["step"] for h in history], checks
+
+    # Never following well enough: every stage runs, each checked after its steps.
+    steps, checks = stages(tmp_path / "never", 1.01)
+    assert steps == [1, 2, 3, 4] and [c["step"] for c in checks] == [2, 4]
+    assert all(0 <= c["follows_named_digits"] <= 1 for c in checks)
+    # Following at least as well as asked after the first stage: it stops there.
+    steps, checks = stages(tmp_path / "at_once", 0.0)
+    assert steps == [1, 2] and [c["step"] for c in checks] == [2]
+    assert (tmp_path / "at_once" / "models" / "policy" / "config.json").exists()
+
+
 def test_train_method_genrubric_runs_the_genrubric_world(tmp_path, monkeypatch):
     from jaxrubric.cli import main
 
