@@ -7,10 +7,11 @@ Runs `jaxrubric.toy.genrubric_world.run_genrubric_world` once per seed (each see
 cached, so a rerun only re-reads) and prints, per seed: Spearman and pairwise accuracy with the
 expert rubric at the cold start and at the last round, for the evolving run, the control and
 the evolving run judged by the checker; the evolving run's rise and its lead over the control,
-each with a paired 95% bootstrap interval over the held-out queries; and the minutes the seed
-took. A seed's interval holds the evaluation's noise (which queries, which sampled rubrics),
-not the training's: one run per seed is one draw of its rounds. Measure run times without
-`XLA_FLAGS` (one CPU device), as a user runs `jaxrubric train`.
+each with a paired 95% bootstrap interval over the held-out queries; the rise of its pairwise
+accuracy, with its interval; and the minutes the seed took. A seed's interval holds the
+evaluation's noise (which queries, which sampled rubrics), not the training's: one run per seed
+is one draw of its rounds. Measure run times without `XLA_FLAGS` (one CPU device), as a user
+runs `jaxrubric train`.
 """
 
 from __future__ import annotations
@@ -28,10 +29,13 @@ def interval(value: dict) -> str:
     return f"{value['mean']:+.3f} [{value['low']:+.3f}, {value['high']:+.3f}]"
 
 
+def show(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
 def first_last(summary: dict, name: str, metric: str) -> str:
     values = summary[name][metric]
-    show = ["-" if v is None else f"{v:.3f}" for v in (values[0], values[-1])]
-    return " -> ".join(show)
+    return f"{show(values[0])} -> {show(values[-1])}"
 
 
 def main() -> None:
@@ -45,8 +49,9 @@ def main() -> None:
         summary = run_genrubric_world(Path(args.workdir) / f"seed{seed}",
                                       GenRubricWorldConfig(seed=seed))
         rows.append((seed, summary, time.perf_counter() - start))
-    head = ["seed", "Spearman evolving", "control", "checker-judged", "pairwise evolving",
-            "rise (Spearman)", "evolving - control", "checker-judged rise", "minutes"]
+    head = ["seed", "Spearman evolving", "control", "checker-judged",
+            "pairwise evolving (control)", "rise (Spearman)", "evolving - control",
+            "checker-judged rise", "pairwise rise", "minutes"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for seed, summary, seconds in rows:
@@ -54,10 +59,12 @@ def main() -> None:
         cells = [str(seed), first_last(summary, "evolving", "spearman"),
                  first_last(summary, "control", "spearman"),
                  first_last(summary, "checker_judged", "spearman"),
-                 first_last(summary, "evolving", "pairwise"),
+                 f"{first_last(summary, 'evolving', 'pairwise')} "
+                 f"({show(summary['control']['pairwise'][-1])})",
                  interval(intervals["evolving_rise"]["spearman"]),
                  interval(intervals["evolving_minus_control"]["spearman"]),
-                 interval(intervals["checker_judged_rise"]["spearman"]), f"{seconds / 60:.1f}"]
+                 interval(intervals["checker_judged_rise"]["spearman"]),
+                 interval(intervals["evolving_rise"]["pairwise"]), f"{seconds / 60:.1f}"]
         print("| " + " | ".join(cells) + " |")
 
 

@@ -192,13 +192,16 @@ def test_method_picks_a_toy_world_and_is_refused_with_a_config(tmp_path):
         gw.GenRubricWorldConfig(runs=("evolving", "frozen"))
 
 
-def test_run_config_carries_the_worlds_sampling_and_advantage_defaults(tmp_path):
+def test_run_config_carries_the_worlds_sampling_advantage_and_response_defaults(
+        tmp_path):
     cfg = gw.GenRubricWorldConfig()
     paths = gw.write_data(tmp_path, gw.GenRubricWorldConfig(eval_queries=2))
     for name in gw.RUNS:
         c = gw.run_config(name, tmp_path, paths, cfg).round
-        assert (c.generator_temperature, c.policy_temperature, c.advantage_mode) == (
-            cfg.generator_temperature, cfg.policy_temperature, cfg.advantage_mode)
+        assert (c.generator_temperature, c.policy_temperature, c.advantage_mode,
+                c.induced_responses) == (cfg.generator_temperature, cfg.policy_temperature,
+                                         cfg.advantage_mode, cfg.induced_responses) == (
+            0.7, 0.5, "no_std", 2)
         assert c.shuffle_generator_credit == (name == "control")
     # A study's round override still wins over the world's own keys.
     over = gw.GenRubricWorldConfig(round_overrides=(("generator_temperature", 1.0),))
@@ -244,15 +247,15 @@ def test_train_method_genrubric_runs_the_genrubric_world(tmp_path, monkeypatch):
     assert calls == [(str(tmp_path), gw.GenRubricWorldConfig(seed=3, rounds=7))]
 
 
-# The defaults evaluated at the start and the end only, on 64 held-out queries: the claim needs
-# the full 60 rounds (at round 20 the three draws of seed 2 were below their cold start).
-# Over nine training draws of the defaults (seeds 0/1/2, each with its warm starts trained
-# three ways that differ only in rounding: README) the rise at round 60 on the first 64 of
-# their 128 held-out queries was +0.115 to +0.202 and the lead over the shuffled-credit control
-# +0.137 to +0.278: the test asks about half the smallest of each. (This world's own 64 queries
-# are other rows: here seed 0 rose +0.191 and led by +0.147.) Runs are deterministic on one
-# machine; another CPU's rounding is another draw.
-SHORT = gw.GenRubricWorldConfig(eval_every=60, eval_queries=64, bootstrap=1000)
+# The defaults evaluated at the start and the end only, on 64 held-out queries. Over nine
+# training draws of the defaults (seeds 0/1/2, each with its warm starts trained three ways
+# that differ only in rounding: README) the rise at round 40 on the first 64 of their 128
+# held-out queries was +0.110 to +0.225 and the lead over the shuffled-credit control
+# +0.140 to +0.296: the test asks about half the smallest of each. (This world holds those 64
+# rows, but samples their rubrics in one batch of 64, so its evaluation is another draw: here
+# seed 0 rose +0.161 and led by +0.268.) Runs are deterministic on one machine; another CPU's
+# rounding is another draw.
+SHORT = gw.GenRubricWorldConfig(eval_every=40, eval_queries=64, bootstrap=1000)
 
 
 @pytest.mark.slow
@@ -278,7 +281,7 @@ def test_the_world_raises_agreement_above_its_control_and_recomputes_the_logged_
                    env=as_a_user_runs(),  # one CPU device, as `jaxrubric train` runs
                    check=True, timeout=1800)
     summary = json.loads((workdir / "summary.json").read_text())
-    assert summary["rounds"] == [0, 60]
+    assert summary["rounds"] == [0, 40]
     for name in ("evolving", "control", "checker_judged"):
         assert set(summary[name]) == {"spearman", "kendall_tau_b", "top1", "pairwise"}
         assert all(len(v) == 2 for v in summary[name].values())
@@ -286,7 +289,7 @@ def test_the_world_raises_agreement_above_its_control_and_recomputes_the_logged_
     assert summary["evolving"]["pairwise"][0] == summary["control"]["pairwise"][0]
     # The claim, with margins about half the smallest of nine draws (above).
     intervals = summary["intervals"]
-    assert intervals["evolving_rise"]["spearman"]["mean"] >= 0.06, intervals["evolving_rise"]
+    assert intervals["evolving_rise"]["spearman"]["mean"] >= 0.055, intervals["evolving_rise"]
     assert intervals["evolving_minus_control"]["spearman"]["mean"] >= 0.07, intervals
     assert summary["evolving"]["pairwise"][-1] > summary["control"]["pairwise"][-1]
     assert set(summary["rubric_following"]) == {"follows_named_digits", "keeps_unnamed_digits",
