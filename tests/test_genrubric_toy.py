@@ -224,6 +224,9 @@ def test_the_answerer_trains_in_stages_until_it_follows_the_rubrics_it_is_shown(
                       gw.GenRubricWorldConfig(answerer_follows=follows, **tiny))
         history = json.loads((workdir / "models" / "policy" / "sft_history.json").read_text())
         checks = [h for h in history if "follows_named_digits" in h]
+        # The world's rubric-following stage reads the saved answerer's last check.
+        kept = json.loads((workdir / gw.FOLLOWING).read_text())
+        assert kept["follows_named_digits"] == checks[-1]["follows_named_digits"]
         return [h["step"] for h in history], checks
 
     # Never following well enough: every stage runs, each checked after its steps.

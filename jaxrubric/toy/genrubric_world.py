@@ -62,6 +62,8 @@ from jaxrubric.toy import world
 from jaxrubric.train import EVAL_SCORES
 
 RUNS = ("evolving", "control")
+# The answerer's rubric following (`follows`) as its warm start last checked it, in a workdir.
+FOLLOWING = "rubric_following.json"
 # summary.json's names of `metrics.AGREEMENT_METRICS`.
 METRICS = dict(zip(AGREEMENT_METRICS, ("spearman", "kendall_tau_b", "top1", "pairwise")))
 
@@ -87,8 +89,8 @@ class GenRubricWorldConfig:
     max_items: int = 4
     # RoundConfig.induced_responses: each group's comprehensiveness averaged over two
     # responses it induced (the paper: one). With one, nine training draws of seeds 0-2 rose
-    # +0.056 to +0.197 by round 40 (seed 2's answerer flips a coin on every digit no item
-    # names, and that noise is most of a group's reward); with two, +0.131 to +0.238.
+    # +0.056 to +0.197 by round 40 (the answerer flips a coin on every digit no item names,
+    # and much of a group's reward is that noise); with two, +0.131 to +0.238.
     induced_responses: int = 2
     max_item_tokens: int = 7
     eval_queries: int = 128  # held-out rows, 8 responses each
@@ -104,7 +106,7 @@ class GenRubricWorldConfig:
     verifier_malformed: float = 0.25  # share of malformed criteria in the verifier's data
     # The answerer trains in stages of `answerer_steps` (each a warm-up and cosine decay of
     # `answerer_lr`) until it follows at least `answerer_follows` of the digits a fresh rubric
-    # names (`rubric_following`), at most `answerer_stages` of them: the world's signal is only
+    # names (`follows`), at most `answerer_stages` of them: the world's signal is only
     # there when it follows. After one stage seeds 0-2 followed 0.93 / 0.82 / 0.85, seeds 3-5
     # 0.65 / 0.65 / 0.65 (uniformly across item kinds: the lookup half learned), and their
     # GenRubric runs fell below the cold start (README).
@@ -262,6 +264,8 @@ def warm_start(role: str, workdir: Path, tokenizer: Any, mesh, cfg: GenRubricWor
                 break
     jaxrubric.save_pretrained(model, out)
     (out / "sft_history.json").write_text(json.dumps(history, indent=1))
+    if role == "policy":  # the saved answerer's check: the world's stage need not repeat it
+        (workdir / FOLLOWING).write_text(json.dumps(following, indent=1))
     return out
 
 
@@ -425,7 +429,7 @@ def summarize(workdir: Path, cfg: GenRubricWorldConfig) -> dict[str, Any]:
                                         per_query["control"][last][m], cfg.seed, cfg.bootstrap)
             for m in AGREEMENT_METRICS}
     summary["intervals"] = intervals
-    summary["rubric_following"] = json.loads((workdir / "rubric_following.json").read_text())
+    summary["rubric_following"] = json.loads((workdir / FOLLOWING).read_text())
     summary["config"] = dataclasses.asdict(cfg)
     (workdir / "summary.json").write_text(json.dumps(summary, indent=1))
     plot(summary, workdir / "agreement.png")
@@ -485,8 +489,8 @@ def _warm_start_stage(workdir: Path, cfg: GenRubricWorldConfig, role: str) -> No
 
 def _following_stage(workdir: Path, cfg: GenRubricWorldConfig) -> None:
     world.use_workdir(workdir)
-    following = workdir / "rubric_following.json"
-    if not following.exists():
+    following = workdir / FOLLOWING
+    if not following.exists():  # an answerer saved before its warm start wrote the check
         following.write_text(json.dumps(rubric_following(workdir, cfg), indent=1))
     print(f"rubric following of the answerer: {following.read_text()}", flush=True)
 
