@@ -123,7 +123,9 @@ def round_flops_by_stage(models: Mapping[Role, ModelConfig], config: RoundConfig
                          shapes: RoundShapes) -> dict[str, float]:
     """Model FLOPs of each stage of one round (`Method.round_shapes`), named `role/stage`:
     sampling, verification passes, the reference log-probs (a trained role with beta > 0) and
-    the `num_updates` forward + backward passes of each trained role. `models` holds the three
+    the `num_updates` forward + backward passes of each trained role (with the forward KL the
+    reference's vocabulary projection runs in each of them, its forward only up to the hidden
+    states). `models` holds the three
     `Decoder.config`s (a setup holds only graph definitions)."""
     stages = {}
     for s in shapes.sampling:
@@ -142,10 +144,15 @@ def round_flops_by_stage(models: Mapping[Role, ModelConfig], config: RoundConfig
         else:
             forward = teacher_forced_flops(models[u.role], rows=u.rows, prompt_len=u.prompt_len,
                                            completion_len=u.completion_len)
-        if config.beta(u.role) > 0:
-            stages[f"{u.role}/reference"] = forward
         passes = 3 if models[u.role].lora is None else 2
         stages[f"{u.role}/update"] = passes * config.num_updates * forward
+        if config.beta(u.role) > 0:
+            stages[f"{u.role}/reference"] = forward
+            if config.kl(u.role) == "forward":  # its logits move into every update step
+                logits = forward_flops(models[u.role], tokens=0, attention_pairs=0,
+                                       logit_tokens=u.rows * u.completion_len)
+                stages[f"{u.role}/reference"] -= logits
+                stages[f"{u.role}/update"] += config.num_updates * logits
     return stages
 
 

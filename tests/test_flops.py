@@ -299,6 +299,17 @@ def test_round_flops_stages_follow_the_config():
                            "verifier/anchors", "policy/update"}
     assert stages["policy/update"] == 6 * policy_forward
 
+    # The forward KL: the reference stops at its hidden states, and each update step projects
+    # them to the vocabulary (2 prompts x G = 2 rubrics of 40 tokens, 2 steps).
+    forward_kl = dataclasses.replace(base, generator_kl="forward", num_updates=2)
+    fk = flops.round_flops_by_stage(models, forward_kl, shapes)
+    logits = 2 * generator.hidden_size * generator.vocab_size * 4 * 40
+    generator_forward = flops.shared_teacher_forced_flops(generator, prompts=2, prompt_len=200,
+                                                          samples=2, completion_len=40)
+    assert fk["generator/reference"] == generator_forward - logits
+    assert fk["generator/update"] == 6 * generator_forward + 2 * logits
+    assert fk["policy/update"] == 6 * policy_forward
+
     gr = flops.round_flops_by_stage(models, base, GENRUBRIC.round_shapes(base, DIMS))
     assert set(gr) == {"generator/sample", "policy/sample", "verifier/induced responses",
                        "generator/reference", "generator/update", "policy/reference",

@@ -666,3 +666,21 @@ def test_tiny_round_compiled_for_a_tpu_slice():
     counted = hlo_cost.total(costs)
     assert counted.flops > 1.5 * compiled["xla_cost"]["flops"]  # the loops, counted in full
     assert all(costs[s].flops >= compiled["model_flops"][s] / 4 for s in compiled["model_flops"])
+
+
+def test_the_forward_kl_adds_the_reference_hidden_states_and_two_logit_arrays():
+    """`round.generator_kl="forward"` keeps the reference's hidden states of every completion
+    token for the update, and each log-prob chunk holds the reference's log-softmax and its
+    exponentials beside the role's three float32 logit arrays."""
+    sampled = recipe_plan("qwen3_8b_dynamic_rubric", "fsdp=4", "95GiB", [])
+    forward = recipe_plan("qwen3_8b_dynamic_rubric", "fsdp=4", "95GiB",
+                          ["round.generator_kl=forward"])
+    before = dict(sampled["phases"]["generator update"].items)
+    after = dict(forward["phases"]["generator update"].items)
+    chunk = [k for k in before if k.startswith("log-prob chunk")][0]
+    assert after[chunk] * 3 == before[chunk] * 5
+    hidden = [k for k in after if k.startswith("reference hidden states")]
+    assert len(hidden) == 1 and after[hidden[0]] > 0
+    assert set(after) - set(before) == set(hidden)
+    assert dict(forward["phases"]["policy update"].items) == dict(
+        sampled["phases"]["policy update"].items)

@@ -63,9 +63,10 @@ def test_shared_log_probs_equal_each_row_on_its_own():
     np.testing.assert_allclose(_rows(entropy), row_entropy, atol=1e-5)
 
 
-def _update(lora: bool, aggregation: str, micro_batches: int, shared: bool, mesh=None):
+def _update(lora: bool, aggregation: str, micro_batches: int, shared: bool, mesh=None,
+            kl: str = "sampled"):
     """Two SGD steps of the case's rows, shared or not; with `mesh`, weights and prompts placed
-    on it by the rules table."""
+    on it by the rules table; `kl`: `RoleSpec.kl`."""
     model, (prompt, prompt_mask, completion, mask, sampler, advantages) = _case(lora)
     graph = nnx.graphdef(model)
     params, base = nnx.state(model, core.trainable(model)), core.base_weights(model)
@@ -77,7 +78,7 @@ def _update(lora: bool, aggregation: str, micro_batches: int, shared: bool, mesh
     cfg = core.RoundConfig(aggregation=aggregation, num_updates=2, logprob_chunk=2,
                            update_micro_batches=micro_batches)
     opt = optax.sgd(0.5)
-    spec = core.RoleSpec(graph, opt, beta=0.1, frozen=False)
+    spec = core.RoleSpec(graph, opt, beta=0.1, frozen=False, kl=kl)
     ref = None if lora else jax.tree.map(lambda p: p * 1.01, params)
     if shared:
         inputs = (prompt, prompt_mask, completion, mask, sampler, advantages)
@@ -89,14 +90,17 @@ def _update(lora: bool, aggregation: str, micro_batches: int, shared: bool, mesh
     return update(params)
 
 
-@pytest.mark.parametrize("aggregation, lora", [
-    *((name, False) for name in sorted(grpo.LOSS_AGGREGATIONS)), ("token-mean", True)])
-def test_shared_update_equals_the_unshared_update(aggregation, lora):
+@pytest.mark.parametrize("aggregation, lora, kl", [
+    *((name, False, "sampled") for name in sorted(grpo.LOSS_AGGREGATIONS)),
+    ("token-mean", True, "sampled"), ("token-mean", False, "forward"),
+    ("seq-mean-token-mean", True, "forward")])
+def test_shared_update_equals_the_unshared_update(aggregation, lora, kl):
     """Two SGD steps (the second one clipped), KL to the reference (LoRA: the base), each
-    aggregation: the whole batch of rows against the shared update in 2 micro-batches of
-    prompts (micro-batching alone is held exact by tests/test_grpo.py)."""
-    want_state, want = _update(lora, aggregation, 1, shared=False)
-    got_state, got = _update(lora, aggregation, 2, shared=True)
+    aggregation, and the forward KL over the vocabulary: the whole batch of rows against the
+    shared update in 2 micro-batches of prompts (micro-batching alone is held exact by
+    tests/test_grpo.py)."""
+    want_state, want = _update(lora, aggregation, 1, shared=False, kl=kl)
+    got_state, got = _update(lora, aggregation, 2, shared=True, kl=kl)
     for a, b in zip(jax.tree.leaves(want_state), jax.tree.leaves(got_state), strict=True):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-6)
     for name, value in want.items():

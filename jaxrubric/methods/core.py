@@ -41,6 +41,9 @@ from jaxrubric.rubric import verifier as ver
 
 PyTree = Any
 
+# RoundConfig.policy_kl / generator_kl: the KL a role's beta weighs.
+KL_KINDS = ("sampled", "forward")
+
 
 # ------------------------------------------------------------------------------ config
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +60,13 @@ class RoundConfig:
     policy_beta: float = 0.01
     generator_beta: float = 0.01
     kl_estimator: str = "k3"
+    # Which KL a role's beta weighs (`KL_KINDS`): "sampled" (`kl_estimator`'s estimate of
+    # KL(role || reference) on the tokens it sampled) or "forward" (KL(reference || role) over
+    # the whole vocabulary at each sampled position, `grpo.token_logprobs_chunked`): it rises as
+    # the role stops writing a token its reference writes, which the sampled estimate never
+    # sees; it costs the reference's hidden states, kept for the update's steps.
+    policy_kl: str = "sampled"
+    generator_kl: str = "sampled"
     eps_low: float = 0.2
     eps_high: float = 0.2
     aggregation: str = "token-mean"
@@ -142,6 +152,10 @@ class RoundConfig:
         """The KL coefficient of a trained role."""
         return self.policy_beta if role == Role.POLICY else self.generator_beta
 
+    def kl(self, role: Role) -> str:
+        """Which KL the role's beta weighs (`KL_KINDS`)."""
+        return self.policy_kl if role == Role.POLICY else self.generator_kl
+
     def needs_reference(self, role: Role) -> bool:
         """Whether a role's update has a KL term, so the round needs its frozen reference."""
         return self.beta(role) > 0 and not self.frozen(role)
@@ -156,6 +170,8 @@ class RoundConfig:
 # The string options of a round and the names each accepts (registries where there is one).
 OPTIONS: dict[str, Any] = {
     "kl_estimator": grpo.KL_ESTIMATORS,
+    "policy_kl": KL_KINDS,
+    "generator_kl": KL_KINDS,
     "aggregation": grpo.LOSS_AGGREGATIONS,
     "advantage_mode": grpo.ADVANTAGE_MODES,
     "disc_mode": DISC_MODES,
@@ -281,6 +297,7 @@ class RoleSpec:
     optimizer: optax.GradientTransformation | None = None
     beta: float = 0.0
     frozen: bool = True
+    kl: str = "sampled"  # RoundConfig.kl
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -308,7 +325,8 @@ class RoundSetup:
         with another config, `dataclasses.replace(setup, config=...)`, is consistent)."""
         return {role: RoleSpec(self.graphs[role], self.optimizers.get(role),
                                self.config.beta(role) if role in TRAINED else 0.0,
-                               self.config.frozen(role)) for role in Role}
+                               self.config.frozen(role), self.config.kl(role))
+                for role in Role}
 
     def graph(self, role: Role) -> Any:
         return self.graphs[role]
@@ -361,6 +379,28 @@ def init_state(setup: RoundSetup, models: Models) -> RoundState:
 
 
 # ------------------------------------------------------------------------------ updates
+def completion_hidden(model: Decoder, prompt: jax.Array, prompt_mask: jax.Array,
+                      completion: jax.Array, lora_drop_keys: Any = None) -> jax.Array:
+    """The final hidden states that predict each completion token, `[R, N, D]`.
+
+    Completions `[R, N]` after left-padded prompts `[R, P]`; or S completions `[B, S, N]` of
+    each prompt `[B, P]`, the prompt encoded once (`Decoder.shared_prefix_hidden`; rows
+    `R = B * S`, `lora_drop_keys` then the prompts' `[B]` and completions' `[B, S]`).
+    Positions count real tokens, as in the sampler, so their log-probs equal the sampler's.
+    """
+    if completion.ndim == 3:
+        b, s, n = completion.shape
+        prefix, branches = model.shared_prefix_hidden(prompt, prompt_mask, completion,
+                                                      lora_drop_keys)
+        first = jnp.broadcast_to(prefix[:, None, -1:], (b, s, 1, prefix.shape[-1]))
+        return jnp.concatenate([first, branches[:, :, :-1]], axis=2).reshape(b * s, n, -1)
+    width = prompt.shape[1]
+    tokens = jnp.concatenate([prompt, completion], axis=1)
+    mask = jnp.concatenate([prompt_mask, jnp.ones_like(completion, bool)], axis=1)
+    hidden, _ = model.hidden_states(tokens, attention_mask=mask, lora_drop_keys=lora_drop_keys)
+    return hidden[:, width - 1:-1]
+
+
 def shared_completion_logprobs(model: Decoder, prompt: jax.Array, prompt_mask: jax.Array,
                                completion: jax.Array, chunk_size: int,
                                return_entropy: bool = False, lora_drop_keys: Any = None
@@ -370,10 +410,7 @@ def shared_completion_logprobs(model: Decoder, prompt: jax.Array, prompt_mask: j
     `lora_drop_keys`: the adapters' dropout keys of the prompts `[B]` and completions `[B, S]`.
     """
     b, s, n = completion.shape
-    prefix, branches = model.shared_prefix_hidden(prompt, prompt_mask, completion,
-                                                  lora_drop_keys)
-    first = jnp.broadcast_to(prefix[:, None, -1:], (b, s, 1, prefix.shape[-1]))
-    predicting = jnp.concatenate([first, branches[:, :, :-1]], axis=2).reshape(b * s, n, -1)
+    predicting = completion_hidden(model, prompt, prompt_mask, completion, lora_drop_keys)
     out = grpo.token_logprobs_chunked(predicting, model.logits, completion.reshape(b * s, n),
                                       chunk_size=chunk_size, return_entropy=return_entropy)
     if return_entropy:
@@ -392,11 +429,7 @@ def completion_logprobs(model: Decoder, prompt: jax.Array, prompt_mask: jax.Arra
     The vocabulary projection runs in chunks (never `[R, N, V]` logits whole).
     `lora_drop_keys [R]`: the adapters' dropout keys (training forwards only).
     """
-    width = prompt.shape[1]
-    tokens = jnp.concatenate([prompt, completion], axis=1)
-    mask = jnp.concatenate([prompt_mask, jnp.ones_like(completion, bool)], axis=1)
-    hidden, _ = model.hidden_states(tokens, attention_mask=mask, lora_drop_keys=lora_drop_keys)
-    predicting = hidden[:, width - 1:-1]
+    predicting = completion_hidden(model, prompt, prompt_mask, completion, lora_drop_keys)
     return grpo.token_logprobs_chunked(predicting, model.logits, completion,
                                        chunk_size=chunk_size, return_entropy=return_entropy)
 
@@ -409,8 +442,8 @@ def grpo_role_update(cfg: RoundConfig, spec: RoleSpec, state: RoleState,
     """One GRPO update (mu optimiser steps) of a role on its own samples (rows `[R, ...]`).
 
     The rows go through the model in `cfg.update_micro_batches` micro-batches, the reference
-    log-probs too; each micro-batch's loss is divided by the whole batch's totals, so the
-    summed gradient is the whole batch's.
+    too (its log-probs, or with `spec.kl == "forward"` its hidden states); each micro-batch's
+    loss is divided by the whole batch's totals, so the summed gradient is the whole batch's.
 
     `base`: a LoRA role's frozen base weights (`state.params` are then its adapters, the only
     thing differentiated and stepped); its KL reference is that base with the adapters off
@@ -434,31 +467,41 @@ def grpo_role_update(cfg: RoundConfig, spec: RoleSpec, state: RoleState,
         batch["drop_keys"] = (jax.random.split(jax.random.fold_in(rng, 1), prompt.shape[0]),
                               rows) if shared else rows
 
-    def logprobs(model, b, **kwargs):
-        fn = shared_completion_logprobs if shared else completion_logprobs
-        return fn(model, b["prompt"], b["prompt_mask"], b["completion"], cfg.logprob_chunk,
-                  **kwargs)
+    def hidden(model, b, drop_keys=None):  # [R, N, D], R = B * S when shared
+        return completion_hidden(model, b["prompt"], b["prompt_mask"], b["completion"],
+                                 drop_keys)
 
+    length = completion.shape[-1]
+    forward_kl = beta > 0 and spec.kl == "forward"
     if beta > 0:
         reference = (nnx.merge(graph, ref_params) if base is None else
                      nnx.merge(graph, base, jax.tree.map(jnp.zeros_like, state.params)))
-        batch["ref_logp"] = jax.lax.stop_gradient(microbatch.map_rows(
-            lambda b: logprobs(reference, b), batch, n))
-    length = completion.shape[-1]
+        if forward_kl:  # its hidden states, for its whole next-token distributions in the loss
+            batch["ref_hidden"] = jax.lax.stop_gradient(microbatch.map_rows(
+                lambda b: hidden(reference, b).reshape(*b["completion"].shape, -1), batch, n))
+        else:
+            batch["ref_logp"] = jax.lax.stop_gradient(microbatch.map_rows(
+                lambda b: grpo.token_logprobs_chunked(
+                    hidden(reference, b), reference.logits,
+                    b["completion"].reshape(-1, length), chunk_size=cfg.logprob_chunk
+                ).reshape(b["completion"].shape), batch, n))
     totals = None if n == 1 else grpo.batch_totals(completion_mask.reshape(-1, length),
                                                    cfg.aggregation, max_len=length)
 
     def loss_fn(p, b):
         model = nnx.merge(graph, *frozen_part, p)
-        logp, entropy = logprobs(model, b, return_entropy=True,
-                                 lora_drop_keys=b.get("drop_keys"))
+        h = hidden(model, b, b.get("drop_keys"))
+        ref = (b["ref_hidden"].reshape(h.shape), reference.logits) if forward_kl else None
+        logp, entropy, *kl = grpo.token_logprobs_chunked(
+            h, model.logits, b["completion"].reshape(-1, length), chunk_size=cfg.logprob_chunk,
+            return_entropy=True, reference=ref)
         if shared:  # the loss of the rows, as without sharing
-            logp, entropy = logp.reshape(-1, length), entropy.reshape(-1, length)
             b = {k: v.reshape(-1, *v.shape[2:]) for k, v in b.items()
                  if k in ("completion_mask", "sampler_logp", "advantages", "ref_logp")}
         return grpo.grpo_loss(
             logp, jax.lax.stop_gradient(b["sampler_logp"]), b["advantages"],
-            b["completion_mask"], ref_logp=b.get("ref_logp"), beta=beta,
+            b["completion_mask"], ref_logp=b.get("ref_logp"), kl=kl[0] if kl else None,
+            beta=beta,
             kl_estimator=cfg.kl_estimator, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
             aggregation=cfg.aggregation, max_len=length,
             sampler_logp=b["sampler_logp"], entropy=jax.lax.stop_gradient(entropy),

@@ -34,7 +34,8 @@ vocabulary, `c` bytes of the compute dtype, `L` layers, `Q` the model's `attenti
 - an update on sequences of T tokens: gradients (the role's parameter shards), and with
   micro-batches their running sum of the same size, + the layers' saved activations +
   `2 W(T, T)` for the backward pass of one layer + the log-prob chunk `3 r C V 4` (float32
-  logits, their exponentials and their cotangent; `C` = logprob_chunk) + one layer's weights
+  logits, their exponentials and their cotangent; `C` = logprob_chunk; with the forward KL
+  `5 r C V 4` and the reference's hidden states `act(rows, N)`) + one layer's weights
   gathered over `fsdp` in the compute dtype. Saved activations with remat `full`: `L act(T)`
   (each layer's input); with any other policy: `L (2 act(T) + projections + attention + MLP)`
   (every residual: an upper bound for the `dots_*` policies, which recompute the cheap
@@ -248,11 +249,14 @@ def rollout_phase(loc: Local, prompt_rows: int, samples: int, prompt: int, new: 
 
 def update_phase(loc: Local, params: RoleParams, rows: int, prompt_len: int,
                  completion_len: int, chunk: int, ways: int, micro_batches: int = 1,
-                 group: int = 1) -> Phase:
+                 group: int = 1, forward_kl: bool = False) -> Phase:
     """A GRPO update of one role on `rows` sequences (a prompt and a completion), one
     micro-batch of them at a time (their gradients summed into a second gradient-sized
     buffer). `group > 1`: each prompt is encoded once under its `group` completions
-    (`round.share_prefix`), and micro-batches split the prompts."""
+    (`round.share_prefix`), and micro-batches split the prompts. `forward_kl` (`round.<role>_kl
+    = "forward"`): the reference's hidden states at every completion position are kept for
+    the whole update, and each log-prob chunk also holds the reference's float32 log-softmax
+    and its exponentials."""
     remat = params.config.remat
     items = [(f"gradients ({params.config.param_dtype})", params.bytes)]
     if micro_batches > 1:
@@ -274,11 +278,15 @@ def update_phase(loc: Local, params: RoleParams, rows: int, prompt_len: int,
         what = f"{_rows_text(rows, micro_batches)} x {length} tokens"
         saved = loc.saved(r, length, remat) + loc.mask(r, length, length)
         layer, logit_rows = loc.working_set(r, length, length), r
+    logits = 3 + (2 if forward_kl else 0)  # float32 [rows, C, V] arrays per chunk
+    if forward_kl:
+        items.append((f"reference hidden states: {rows} rows x {completion_len} tokens",
+                      loc.act(rows_per_device(rows, ways), completion_len)))
     return summed(items + [
         (f"saved activations (remat {remat}): {what}", saved),
         ("backward of one layer", 2 * layer),
         (f"log-prob chunk: {chunk} tokens x {loc.vocab} vocabulary",
-         3 * logit_rows * chunk * loc.vocab * 4),
+         logits * logit_rows * chunk * loc.vocab * 4),
         ("one layer's weights gathered", loc.gathered_layer),
     ])
 

@@ -112,7 +112,8 @@ def token_logprobs_chunked(
     temperature: float = 1.0,
     return_entropy: bool = False,
     remat: bool = True,
-) -> Array | tuple[Array, Array]:
+    reference: tuple[Array, Callable[[Array], Array]] | None = None,
+) -> Array | tuple[Array, ...]:
     """`log p(targets)` `[B, L]` (and the entropy `[B, L]`) from final hidden states `[B, L, D]`.
 
     The vocabulary projection `unembed: [B, C, D] -> [B, C, V]` is applied to one chunk of C
@@ -122,33 +123,47 @@ def token_logprobs_chunked(
     logits rather than keeping all of them as residuals. L is padded to a multiple of C.
     Logits are divided by `temperature` so the values match what a tempered sampler drew from;
     masking padded-vocabulary logits is the job of `unembed`.
+
+    `reference = (ref_hidden [B, L, D], ref_unembed)`: also return the forward KL from the
+    reference's next-token distribution to this one at each position, `sum_v p_ref (log p_ref -
+    log p)` `[B, L]`, over the whole vocabulary (the last output). Unlike a KL estimated on the
+    sampled token, it grows as this distribution drops a token the reference writes, even one
+    never sampled (mass-covering); no gradient flows into the reference.
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    b, length, d = hidden.shape
+    b, length = targets.shape
     n_chunks = -(-length // chunk_size)
     pad = n_chunks * chunk_size - length
-    h = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(b, n_chunks, chunk_size, d).swapaxes(0, 1)
-    t = jnp.pad(targets, ((0, 0), (0, pad))).reshape(b, n_chunks, chunk_size).swapaxes(0, 1)
+    def chunks(x: Array) -> Array:  # [B, L, ...] -> [n_chunks, B, C, ...]
+        x = jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2))
+        return x.reshape(b, n_chunks, chunk_size, *x.shape[2:]).swapaxes(0, 1)
 
-    def chunk(xs: tuple[Array, Array]) -> tuple[Array, ...]:
-        h_c, t_c = xs
+    ref = None if reference is None else chunks(lax.stop_gradient(reference[0]))
+
+    def chunk(xs: tuple[Array, Array, Array | None]) -> tuple[Array, ...]:
+        h_c, t_c, ref_c = xs
         logits = unembed(h_c).astype(jnp.float32) / temperature
         lse = jax.nn.logsumexp(logits, axis=-1)
         logp = jnp.take_along_axis(logits, t_c[..., None], axis=-1)[..., 0] - lse
-        if not return_entropy:
-            return (logp,)
+        outs = [logp]
         # -sum p log p, each log p = z - lse: `lse - sum(p z)` is the same in exact arithmetic
         # but cancels two sums of the logits' size (~1e-5 off at |z| ~ 10 in float32, 10x
         # this form's error), which is all a near-certain token's entropy is made of.
         logp_all = logits - lse[..., None]
-        return logp, -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
+        if return_entropy:
+            outs.append(-jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1))
+        if ref_c is not None:
+            ref_all = lax.stop_gradient(jax.nn.log_softmax(
+                reference[1](ref_c).astype(jnp.float32) / temperature, axis=-1))
+            outs.append(jnp.sum(jnp.exp(ref_all) * (ref_all - logp_all), axis=-1))
+        return tuple(outs)
 
     if remat:
         chunk = jax.checkpoint(chunk)
-    outs = lax.map(chunk, (h, t))
+    outs = lax.map(chunk, (chunks(hidden), chunks(targets), ref))
     outs = tuple(o.swapaxes(0, 1).reshape(b, n_chunks * chunk_size)[:, :length] for o in outs)
-    return outs if return_entropy else outs[0]
+    return outs if len(outs) > 1 else outs[0]
 
 
 # --------------------------------------------------------------------------------------------
@@ -300,6 +315,7 @@ def grpo_loss(
     mask: Array,
     *,
     ref_logp: Array | None = None,
+    kl: Array | None = None,
     beta: float = 0.01,
     kl_estimator: str = "k3",
     eps_low: float = 0.2,
@@ -324,9 +340,11 @@ def grpo_loss(
     negative advantages, where a huge rho would otherwise give an unbounded step: the objective
     becomes `max(min(rho A, clip(rho) A), c A)` for `A < 0`, i.e. `pg = min(pg, -c A)`, with
     `c = dual_clip > 1`. With `beta > 0` and `ref_logp` given, `beta * KL(pi || pi_ref)` is added
-    per token using the registered `kl_estimator`. Metrics are auxiliary outputs: differentiate
-    `loss` only (e.g. `jax.grad(..., has_aux=True)`). The per-token loss is reduced by the
-    registered `aggregation` to (sum, denominator); `loss = sum / denominator`.
+    per token using the registered `kl_estimator`, or `kl` `[B, L]` when given (a per-token KL
+    the caller computed, e.g. the full-vocabulary one of `token_logprobs_chunked`). Metrics are
+    auxiliary outputs: differentiate `loss` only (e.g. `jax.grad(..., has_aux=True)`). The
+    per-token loss is reduced by the registered `aggregation` to (sum, denominator);
+    `loss = sum / denominator`.
 
     On a micro-batch of a larger batch, pass the full batch's `totals` (`batch_totals`): the
     loss and every metric are then this micro-batch's share of the full-batch value, and the
@@ -372,8 +390,10 @@ def grpo_loss(
         metrics["dual_clip_frac"] = token_mean(dual_active.astype(jnp.float32))
 
     per_token = pg
-    if ref_logp is not None and beta != 0.0:
+    if kl is None and ref_logp is not None and beta != 0.0:
         kl = KL_ESTIMATORS[kl_estimator](jnp.where(valid, logp, 0.0), jnp.where(valid, ref_logp, 0.0))
+    if kl is not None and beta != 0.0:
+        kl = jnp.where(valid, kl, 0.0)
         per_token = pg + beta * kl
         metrics["kl"] = token_mean(kl)
 

@@ -56,6 +56,7 @@ import jaxrubric
 from jaxrubric import sft
 from jaxrubric import sharding as shd
 from jaxrubric.config import base_config, check_config
+from jaxrubric.methods.core import KL_KINDS
 from jaxrubric.rubric import templates as tpl
 from jaxrubric.toy import digits_task as task
 from jaxrubric.toy import stages as stages_lib
@@ -134,6 +135,9 @@ class ToyWorldConfig:
     # after its own rounds) or "cold_start" (its SFT cold start, as RLHF keeps its SFT model:
     # the only start that still writes every kind of sound item).
     generator_reference: str = "run_start"
+    # Which KL generator_beta weighs (RoundConfig.generator_kl): "sampled" (k3 on the tokens
+    # it writes) or "forward" (KL(reference || generator) over the whole vocabulary).
+    generator_kl: str = "sampled"
     hidden_size: int = 64
     num_layers: int = 2
     verifier_hidden_size: int = 64
@@ -149,6 +153,7 @@ class ToyWorldConfig:
                               ("teacher_mistakes", task.POLICY_MISTAKES),
                               ("teacher_focus", TEACHER_FOCUS),
                               ("generator_reference", GENERATOR_REFERENCES),
+                              ("generator_kl", KL_KINDS),
                               ("anchors", task.ANCHOR_KINDS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"ToyWorldConfig.{name} {getattr(self, name)!r} is not one of "
@@ -471,6 +476,7 @@ def run_config(name: str, workdir: Path, paths: dict[str, Path], cfg: ToyWorldCo
     c.round.policy_score = cfg.policy_score
     c.round.anchor_weight = cfg.anchor_weight
     c.round.policy_beta = cfg.policy_beta
+    c.round.generator_kl = cfg.generator_kl
     c.optim.policy_lr = cfg.policy_lr
     if name in STATIC_RUNS or name == "generator_static":
         c.round.rubric_source = "static"
