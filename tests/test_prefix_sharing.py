@@ -108,12 +108,13 @@ def test_shared_update_equals_the_unshared_update(aggregation, lora, kl):
     assert float(want["kl"]) > 0 and float(want["clip_frac"]) > 0
 
 
-def test_the_shared_update_on_the_8_device_mesh_equals_the_unshared_update():
+@pytest.mark.parametrize("kl", ["sampled", "forward"])
+def test_the_shared_update_on_the_8_device_mesh_equals_the_unshared_update(kl):
     """Weights sharded fsdp 4 x tensor 2, prompts split over the batch axes (the GRPO group's
     samples stay with their prompt): the same update as the unshared rows on one device."""
     mesh = shd.make_mesh({"fsdp": 4, "tensor": 2})
-    want_state, want = _update(False, "token-mean", 1, shared=False)
-    got_state, got = _update(False, "token-mean", 1, shared=True, mesh=mesh)
+    want_state, want = _update(False, "token-mean", 1, shared=False, kl=kl)
+    got_state, got = _update(False, "token-mean", 1, shared=True, mesh=mesh, kl=kl)
     assert {x.sharding.mesh for x in jax.tree.leaves(got_state.params)} == {mesh}
     for a, b in zip(jax.tree.leaves(want_state), jax.tree.leaves(got_state), strict=True):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-6)
