@@ -116,6 +116,29 @@ def test_distinct_anchor_lists_rank_the_correct_answer_first_by_strictly_falling
         assert [a["rank"] for a in row["answers"]] == [1, 2, 3]
 
 
+def test_every_digit_anchor_lists_hold_every_single_mistake_ranked_by_quality():
+    """Each digit flipped once (a big one dropped, a small one kept) beside the correct
+    answer, so every sound item (`has <big>`, `omits <small>`) orders the correct answer above
+    the answer it catches, and its opposite-sign item the other way round."""
+    for row in task.anchor_rows(100, seed=5, num_anchors=8, kind="every_digit"):
+        prompt, answers = row["prompt"], [a["answer"] for a in row["answers"]]
+        digits = task.digits_of(prompt)
+        assert answers[0] == task.target_of(prompt)
+        assert sorted(answers[1:]) == sorted(task.flipped_answer(prompt, {i})
+                                             for i in range(len(digits)))
+        qualities = [task.quality(a, prompt) for a in answers]
+        ranks = [a["rank"] for a in row["answers"]]
+        for i in range(len(answers)):
+            for j in range(len(answers)):
+                assert (ranks[i] < ranks[j]) == (qualities[i] > qualities[j])
+        for d in digits:
+            sound = f"has {d}" if d > "4" else f"omits {d}"
+            caught = [a for a in answers[1:] if not task.check(sound, a)]
+            assert len(caught) == 1 and task.check(sound, answers[0])
+    with pytest.raises(ValueError, match="num_anchors 7: every_digit anchor lists"):
+        task.anchor_answers("big 3817290", random.Random(0), 7, "every_digit")
+
+
 def test_anchor_lists_need_room_for_both_mistakes():
     with pytest.raises(ValueError, match="num_anchors 2"):
         task.anchor_answers("big 381729", random.Random(0), 2)

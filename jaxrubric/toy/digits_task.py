@@ -177,19 +177,41 @@ def policy_warm_start_answer(prompt: str, rng: random.Random, p_correct: float,
     return flawed_answer(prompt, rng, errors)
 
 
-ANCHOR_KINDS = ("covering", "distinct")  # how `anchor_answers` picks a list's answers
+# How `anchor_answers` picks a list's answers.
+ANCHOR_KINDS = ("covering", "distinct", "every_digit")
 
 
 def anchor_answers(prompt: str, rng: random.Random, count: int,
                    kind: str = "covering") -> list[str]:
     """``count`` distinct answers best-first, the correct one first: ``"covering"`` (one of
-    each kind of single mistake, then noisy answers) or ``"distinct"`` (noisy answers of
-    strictly falling quality, picked at random)."""
+    each kind of single mistake, then noisy answers), ``"distinct"`` (noisy answers of
+    strictly falling quality, picked at random) or ``"every_digit"`` (every single mistake:
+    each big digit dropped, each small digit kept; ``count`` at least one more than the
+    prompt's digits, and the list has exactly that many answers)."""
     if kind not in ANCHOR_KINDS:
         raise ValueError(f"kind {kind!r} is not one of {ANCHOR_KINDS}")
     if kind == "distinct":
         return _distinct_quality_answers(prompt, rng, count)
+    if kind == "every_digit":
+        return _every_digit_answers(prompt, count)
     return _covering_answers(prompt, rng, count)
+
+
+def _every_digit_answers(prompt: str, count: int) -> list[str]:
+    """The correct answer and every answer with one digit flipped, best-first.
+
+    With one mistake of each kind (``"covering"``), an item about another digit says nothing
+    to the anchor reward: ``omits <big digit>``, which discriminates between answers that
+    drop that digit and answers that keep it as well as ``has <big digit>`` does, is penalised
+    only when its digit is the one the list drops. Here every digit's item is, in the
+    direction of its sound sign, so the anchor reward sets the sign of whatever item
+    discriminability picks."""
+    digits = digits_of(prompt)
+    if count < len(digits) + 1:
+        raise ValueError(f"num_anchors {count}: every_digit anchor lists hold the correct "
+                         f"answer and one answer per digit ({len(digits) + 1} for {prompt!r})")
+    answers = [target_of(prompt), *(flipped_answer(prompt, {i}) for i in range(len(digits)))]
+    return sorted(answers, key=lambda a: -quality(a, prompt))
 
 
 def _covering_answers(prompt: str, rng: random.Random, count: int) -> list[str]:

@@ -88,7 +88,8 @@ class ToyWorldConfig:
     max_item_tokens: int = 7
     num_anchors: int = 3
     # The anchor lists' answers (`digits_task.anchor_answers`): "covering" (one of each kind of
-    # single mistake) or "distinct" (random noisy answers of distinct quality).
+    # single mistake), "distinct" (random noisy answers of distinct quality) or "every_digit"
+    # (every single mistake; num_anchors 8: the correct answer and one per digit).
     anchors: str = "covering"
     policy_p_correct: float = 0.3  # warm start: share of correct answers in its targets
     teacher_informed: float = 0.5  # generator cold start: share of sound rubric items
