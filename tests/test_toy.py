@@ -302,3 +302,26 @@ def test_a_cold_start_reference_reaches_the_trained_compared_generators_only(tmp
             assert c.generator.reference == (reference if choice == "cold_start" else ""), name
     with pytest.raises(ValueError, match="generator_reference 'sft' is not one of"):
         world.ToyWorldConfig(generator_reference="sft")
+
+
+def test_item_signal_reads_which_sound_item_tells_the_answers_apart():
+    """`diagnostics.item_signal_of` by hand: prompt `big 3817` (big 8 and 7, small 3 and 1);
+    of four answers two drop the 7 and none keeps a small digit, so `has 7` splits them 2-2
+    (variance 0.25) and `has 8` and both `omits` items split nothing."""
+    from jaxrubric.toy import diagnostics
+
+    row = {"prompt": "big 3817", "answers": [{"answer": "87", "rank": 1},
+                                             {"answer": "387", "rank": 2},
+                                             {"answer": "8", "rank": 3}]}
+    got = diagnostics.item_signal_of(row, ["87", "8", "87", "8"])
+    assert got["has_big_disc"] == pytest.approx(0.125)  # (0.25 + 0) / 2 digits
+    assert got["has_big_contested"] and not got["omits_small_contested"]
+    assert got["omits_small_disc"] == 0.0
+    # `has 7` orders 87 and 387 above 8 (the list's order), `has 8` ties all three: the mean
+    # of the two one-item rubrics' anchor rewards, against the functions' own values.
+    from jaxrubric.rewards.dynamic_rubric import anchor_ranking
+    ranks = np.array([1, 2, 3])
+    want = np.mean([float(anchor_ranking(np.array(s, float), ranks=ranks))
+                    for s in ([1, 1, 0], [1, 1, 1])])
+    assert got["has_big_anchor"] == pytest.approx(want)
+    assert got["has_big_anchor"] > got["omits_small_anchor"]  # `omits 3` puts 387 last

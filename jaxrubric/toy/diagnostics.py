@@ -4,6 +4,8 @@ README's diagnoses.
 - `verifier_accuracy`: the frozen verifier's accuracy on fresh checker-labelled triples;
 - `mistake_profile` (DynamicRubric world): which mistakes a run's policy makes;
 - `rubric_profile` (DynamicRubric world): which kinds of item a run's generator writes;
+- `item_signal` (DynamicRubric world): which kinds of sound item the generator's rewards
+  would favour on a run's policy's own answers;
 - `rubric_coverage` (GenRubric world): how much of each held-out query a run's written rubrics
   cover, round by round, read from the rubrics its evaluations logged.
 
@@ -53,16 +55,13 @@ def verifier_accuracy(workdir: str | Path, n: int = 512, seed: int = 1234,
     return float(np.mean((p_yes > 0.5) == labels))
 
 
-def mistake_profile(workdir: str | Path, run: str | None = None, *, samples: int = 4,
-                    seed: int = 7) -> dict[str, float]:
-    """What the policy of `run` (its latest checkpoint; None: the warm start) gets wrong on
-    the held-out questions: its mean quality and the share of its sampled answers that drop a
-    big digit or keep a small one. This is what separates the runs' curves (a stale evaluator
-    never penalises the mistake the policy learns after its warm start)."""
+def _policy_answers(workdir: Path, run: str | None, samples: int, seed: int
+                    ) -> list[tuple[dict, list[str]]]:
+    """Each held-out row with `samples` answers of the policy of `run` (None: the warm
+    start), sampled at temperature 1 as in a round."""
     from jaxrubric.sampling import generate
     from jaxrubric.train import export
 
-    workdir = Path(workdir)
     tokenizer = jaxrubric.load_tokenizer(workdir / "tokenizer")
     model_dir = workdir / "models" / "policy"
     if run is not None:
@@ -73,16 +72,64 @@ def mistake_profile(workdir: str | Path, run: str | None = None, *, samples: int
     out = generate(jaxrubric.load_pretrained(model_dir),
                    [world.policy_prompt(tokenizer, r["prompt"]) for r in rows], max_new_tokens=8,
                    rng=jax.random.key(seed), num_samples=samples, pad_id=tokenizer.pad_token_id)
+    return [(row, [tokenizer.decode(ids[:n], skip_special_tokens=True)
+                   for ids, n in zip(tokens, lengths)])
+            for row, tokens, lengths in zip(rows, np.asarray(out.tokens), np.asarray(out.lengths))]
+
+
+def mistake_profile(workdir: str | Path, run: str | None = None, *, samples: int = 4,
+                    seed: int = 7) -> dict[str, float]:
+    """What the policy of `run` (its latest checkpoint; None: the warm start) gets wrong on
+    the held-out questions: its mean quality and the share of its sampled answers that drop a
+    big digit or keep a small one. This is what separates the runs' curves (a stale evaluator
+    never penalises the mistake the policy learns after its warm start)."""
     quality, drops_big, keeps_small = [], [], []
-    for row, tokens, lengths in zip(rows, np.asarray(out.tokens), np.asarray(out.lengths)):
+    for row, answers in _policy_answers(Path(workdir), run, samples, seed):
         digits = task.digits_of(row["prompt"])
-        for ids, n in zip(tokens, lengths):
-            answer = tokenizer.decode(ids[:n], skip_special_tokens=True)
+        for answer in answers:
             quality.append(task.quality(answer, row["prompt"]))
             drops_big.append(any(d > "4" and d not in answer for d in digits))
             keeps_small.append(any(d <= "4" and d in answer for d in digits))
     return {"quality": float(np.mean(quality)), "drops_a_big_digit": float(np.mean(drops_big)),
             "keeps_a_small_digit": float(np.mean(keeps_small))}
+
+
+# The sound items of the criterion language: `has` a big digit, `omits` a small one.
+SOUND_ITEMS = {"has_big": ("has", lambda d: d > "4"), "omits_small": ("omits", lambda d: d <= "4")}
+
+
+def item_signal_of(row: dict, answers: list[str]) -> dict[str, float]:
+    """For each kind of sound item on one held-out row: its mean discriminability over the
+    row's digits of that kind (checker verdicts, `p (1 - p)` over `answers`: the generator's
+    J_disc of a one-item rubric), whether any of them tells the answers apart, and the mean
+    anchor reward of the one-item rubric on the row's ranked anchor list."""
+    from jaxrubric.rewards.dynamic_rubric import anchor_ranking
+
+    digits = task.digits_of(row["prompt"])
+    anchors = [a["answer"] for a in row["answers"]]
+    ranks = np.array([a["rank"] for a in row["answers"]])
+    out = {}
+    for kind, (op, wanted) in SOUND_ITEMS.items():
+        disc, anchor = [], []
+        for d in (d for d in digits if wanted(d)):
+            item = f"{op} {d}"
+            p = np.mean([task.check(item, a) for a in answers])
+            disc.append(p * (1 - p))
+            scores = np.array([float(task.check(item, a)) for a in anchors])
+            anchor.append(float(anchor_ranking(scores, ranks=ranks)))
+        out.update({f"{kind}_disc": float(np.mean(disc)), f"{kind}_contested": max(disc) > 0,
+                    f"{kind}_anchor": float(np.mean(anchor))})
+    return out
+
+
+def item_signal(workdir: str | Path, run: str | None = None, *, samples: int = 4,
+                seed: int = 7) -> dict[str, float]:
+    """`item_signal_of` averaged over the held-out rows, on `samples` answers per question of
+    the policy of `run` (None: the warm start): which kind of sound item the evaluator's
+    rewards would favour on that policy's own answers, whatever its generator writes."""
+    rows = [item_signal_of(row, answers)
+            for row, answers in _policy_answers(Path(workdir), run, samples, seed)]
+    return {key: float(np.mean([r[key] for r in rows])) for key in rows[0]}
 
 
 def rubric_profile(workdir: str | Path, run: str | None = None, *, questions: int = 64,
