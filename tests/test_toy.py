@@ -325,3 +325,29 @@ def test_item_signal_reads_which_sound_item_tells_the_answers_apart():
                     for s in ([1, 1, 0], [1, 1, 1])])
     assert got["has_big_anchor"] == pytest.approx(want)
     assert got["has_big_anchor"] > got["omits_small_anchor"]  # `omits 3` puts 387 last
+
+
+def test_checker_advantages_rank_the_rubric_that_splits_the_answers_and_agrees_with_the_list():
+    """`diagnostics.checker_advantages` by hand: of two rubrics for `big 3817` and answers
+    that differ only on the 7, `has 7` splits them 2-2 and orders the list as ranked;
+    `has 8` passes everything. The advantages are those of the library's rewards on the
+    verdicts written out here."""
+    from jaxrubric.rewards.dynamic_rubric import (anchor_ranking, discriminability,
+                                                  generator_advantages)
+    from jaxrubric.toy import diagnostics
+
+    row = {"prompt": "big 3817", "answers": [{"answer": "87", "rank": 1},
+                                             {"answer": "8", "rank": 2}]}
+    got = diagnostics.checker_advantages([[(2.0, "has 7")], [(1.0, "has 8")]],
+                                         ["87", "8", "87", "8"], row, max_items=2)
+    verdicts = np.zeros((2, 4, 2))
+    verdicts[0, :, 0] = [1, 0, 1, 0]
+    verdicts[1, :, 0] = 1
+    weights = np.array([[2.0, 0.0], [1.0, 0.0]])
+    mask = np.array([[True, False], [True, False]])
+    want = generator_advantages(discriminability(verdicts, weights, mask),
+                                anchor_ranking(np.array([[1.0, 0.0], [1.0, 1.0]]),
+                                               ranks=np.array([[1, 2], [1, 2]])),
+                                mask.any(-1))
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    assert got[0] > got[1]

@@ -5,7 +5,8 @@ README's diagnoses.
 - `mistake_profile` (DynamicRubric world): which mistakes a run's policy makes;
 - `rubric_profile` (DynamicRubric world): which kinds of item a run's generator writes;
 - `item_signal` (DynamicRubric world): which kinds of sound item the generator's rewards
-  would favour on a run's policy's own answers;
+  would favour on a run's policy's own answers; `item_edit_advantage`: how its advantage
+  moves when a `has <big digit>` item is edited into the rubrics its generator writes;
 - `rubric_coverage` (GenRubric world): how much of each held-out query a run's written rubrics
   cover, round by round, read from the rubrics its evaluations logged.
 
@@ -132,21 +133,26 @@ def item_signal(workdir: str | Path, run: str | None = None, *, samples: int = 4
     return {key: float(np.mean([r[key] for r in rows])) for key in rows[0]}
 
 
-def rubric_profile(workdir: str | Path, run: str | None = None, *, questions: int = 64,
-                   seed: int = 7) -> dict[str, float]:
-    """What the generator of `run` (its latest checkpoint; None: the generator every run starts
-    from) writes for held-out questions and its run's policy's answers (the warm start's for
-    None), grammar-constrained as in a round: the weighted share of its items inside the
-    criterion language, and of those that catch each kind of mistake (``has`` a big digit:
-    one dropped; ``omits`` a small digit: one kept) or reward one (``has`` small, ``omits``
-    big), and of those about a digit the answers it is shown differ on ("contested": the only
-    items that can tell them apart). A generator whose items leave the language is exploiting
-    the verifier."""
+def _parse_rubric(text: str) -> list[tuple[float, str]]:
+    """`[w] criterion` lines as (weight, criterion), lines of any other form skipped."""
+    items = []
+    for line in text.splitlines():
+        weight, _, criterion = line.partition("] ")
+        if weight.startswith("[") and criterion:
+            items.append((float(weight[1:]), criterion))
+    return items
+
+
+def _sampled_rubrics(workdir: Path, run: str | None, questions: int, seed: int, groups: int
+                     ) -> tuple[dict, list[tuple[dict, list[str], list[list[tuple[float, str]]]]]]:
+    """The world's config, and per held-out question (the first `questions`): the K answers of
+    the policy of `run` (its latest checkpoint; None: the warm start) and `groups` rubrics its
+    generator (None: the generator every run starts from) writes for them, grammar-constrained
+    as in a round."""
     from jaxrubric.rubric.grammar import POSITIVE_WEIGHTS, build_rubric_grammar
     from jaxrubric.sampling import generate
     from jaxrubric.train import export
 
-    workdir = Path(workdir)
     cfg = json.loads((workdir / "toy_config.json").read_text())
     tokenizer = jaxrubric.load_tokenizer(workdir / "tokenizer")
     static = run in world.STATIC_RUNS
@@ -167,38 +173,111 @@ def rubric_profile(workdir: str | Path, run: str | None = None, *, questions: in
                        max_new_tokens=8, rng=key, num_samples=k, pad_id=tokenizer.pad_token_id)
     template = tpl.dynamic_rubric_generator_template(
         tokenizer, 0 if static else k, max_items=cfg["max_items"], style="compact")
-    prompts, contested = [], []
+    prompts, shown_sets = [], []
     for row, tokens, lengths in zip(rows, np.asarray(answers.tokens), np.asarray(answers.lengths)):
         shown = [tokenizer.decode(ids[:n], skip_special_tokens=True)
                  for ids, n in zip(tokens, lengths)]
-        contested.append(task.contested_digits(row["prompt"], shown))
+        shown_sets.append(shown)
         prompts.append(world.template_ids(template, tokenizer, row["prompt"],
-                                     *([] if static else shown)))
+                                          *([] if static else shown)))
     grammar = build_rubric_grammar(tokenizer, weights=POSITIVE_WEIGHTS,
                                    max_items=cfg["max_items"],
                                    max_item_tokens=cfg["max_item_tokens"])
     rubrics = generate(jaxrubric.load_pretrained(generator_dir), prompts,
                        max_new_tokens=grammar.max_rubric_tokens, rng=jax.random.fold_in(key, 1),
-                       num_samples=8, grammar=grammar, pad_id=tokenizer.pad_token_id)
+                       num_samples=groups, grammar=grammar, pad_id=tokenizer.pad_token_id)
+    return cfg, [(row, shown, [_parse_rubric(tokenizer.decode(ids[:n], skip_special_tokens=True))
+                               for ids, n in zip(tokens, lengths)])
+                 for row, shown, tokens, lengths in zip(rows, shown_sets,
+                                                        np.asarray(rubrics.tokens),
+                                                        np.asarray(rubrics.lengths))]
+
+
+def rubric_profile(workdir: str | Path, run: str | None = None, *, questions: int = 64,
+                   seed: int = 7) -> dict[str, float]:
+    """What the generator of `run` (its latest checkpoint; None: the generator every run starts
+    from) writes for held-out questions and its run's policy's answers (the warm start's for
+    None), grammar-constrained as in a round: the weighted share of its items inside the
+    criterion language, and of those that catch each kind of mistake (``has`` a big digit:
+    one dropped; ``omits`` a small digit: one kept) or reward one (``has`` small, ``omits``
+    big), and of those about a digit the answers it is shown differ on ("contested": the only
+    items that can tell them apart). A generator whose items leave the language is exploiting
+    the verifier."""
+    _, sampled = _sampled_rubrics(Path(workdir), run, questions, seed, groups=8)
     kinds = dict.fromkeys(("in_language", "has_big", "omits_small", "has_small", "omits_big",
                            "contested"), 0.0)
     total = 0.0
-    for row, tokens, lengths, differ in zip(rows, np.asarray(rubrics.tokens),
-                                            np.asarray(rubrics.lengths), contested):
-        for ids, n in zip(tokens, lengths):
-            for line in tokenizer.decode(ids[:n], skip_special_tokens=True).splitlines():
-                weight, _, criterion = line.partition("] ")
-                if not weight.startswith("[") or not criterion:
-                    continue
-                w = float(weight[1:])
-                total += w
-                if task.in_language(criterion):
-                    kinds["in_language"] += w
-                    op, digit = criterion.split(" ")
-                    big = digit > "4"
-                    kinds[f"{op}_{'big' if big else 'small'}"] += w * (digit in row["prompt"])
-                    kinds["contested"] += w * (digit in differ)
+    for row, shown, rubrics in sampled:
+        differ = task.contested_digits(row["prompt"], shown)
+        for w, criterion in (item for rubric in rubrics for item in rubric):
+            total += w
+            if task.in_language(criterion):
+                kinds["in_language"] += w
+                op, digit = criterion.split(" ")
+                big = digit > "4"
+                kinds[f"{op}_{'big' if big else 'small'}"] += w * (digit in row["prompt"])
+                kinds["contested"] += w * (digit in differ)
     return {name: value / max(total, 1.0) for name, value in kinds.items()}
+
+
+def checker_advantages(rubrics: list[list[tuple[float, str]]], answers: list[str], row: dict,
+                       max_items: int) -> np.ndarray:
+    """The generator's advantages `[G]` of one question's rubrics (the paper's advantage-level
+    combination of discriminability over `answers` and the anchor reward on the row's ranked
+    list, `rewards.dynamic_rubric`), with the checker's verdicts in place of the verifier's."""
+    from jaxrubric.rewards.dynamic_rubric import (anchor_ranking, discriminability,
+                                                  generator_advantages)
+
+    anchors = [a["answer"] for a in row["answers"]]
+    groups = len(rubrics)
+    verdicts = np.zeros((groups, len(answers), max_items))
+    weights, mask = np.zeros((groups, max_items)), np.zeros((groups, max_items), bool)
+    anchor_scores = np.zeros((groups, len(anchors)))
+    for g, rubric in enumerate(rubrics):
+        for m, (w, criterion) in enumerate(rubric[:max_items]):
+            weights[g, m], mask[g, m] = w, True
+            verdicts[g, :, m] = [task.check(criterion, a) for a in answers]
+            anchor_scores[g] += [w * task.check(criterion, a) for a in anchors]
+        anchor_scores[g] /= max(weights[g].sum(), 1e-9)
+    ranks = np.broadcast_to(np.array([a["rank"] for a in row["answers"]]), anchor_scores.shape)
+    return np.asarray(generator_advantages(
+        discriminability(verdicts, weights, mask),
+        anchor_ranking(anchor_scores, ranks=ranks), mask.any(-1)))
+
+
+def item_edit_advantage(workdir: str | Path, run: str, *, questions: int = 128,
+                        seed: int = 11) -> dict[str, float]:
+    """Would the generator's rewards favour the item it does not write? On each held-out
+    question where some of the run's policy's answers drop a big digit d, every rubric its
+    generator wrote has its lowest-weight item replaced by `has d` (the sound sign) or
+    `omits d` (the one that rewards dropping it), the other rubrics as written; returns, per
+    edit, the mean change of the edited rubric's advantage (`checker_advantages`), its
+    standard error, and the share of edits that raise it."""
+    cfg = json.loads((Path(workdir) / "toy_config.json").read_text())
+    _, sampled = _sampled_rubrics(Path(workdir), run, questions, seed, groups=cfg["num_rubrics"])
+    changes: dict[str, list[float]] = {"has": [], "omits": []}
+    for row, shown, rubrics in sampled:
+        big = [d for d in task.contested_digits(row["prompt"], shown) if d > "4"]
+        if not big:
+            continue
+        base = checker_advantages(rubrics, shown, row, cfg["max_items"])
+        for g, rubric in enumerate(rubrics):
+            if not rubric:
+                continue
+            low = min(range(len(rubric)), key=lambda i: rubric[i][0])
+            for op in changes:
+                edited = list(rubric)
+                edited[low] = (rubric[low][0], f"{op} {big[0]}")
+                advantages = checker_advantages([*rubrics[:g], edited, *rubrics[g + 1:]], shown,
+                                                row, cfg["max_items"])
+                changes[op].append(float(advantages[g] - base[g]))
+    out = {}
+    for op, values in changes.items():
+        v = np.asarray(values)
+        out.update({f"{op}_change": float(v.mean()),
+                    f"{op}_change_se": float(v.std() / np.sqrt(len(v))),
+                    f"{op}_raises": float((v > 0).mean())})
+    return out
 
 
 def rubric_coverage(workdir: str | Path, run: str = "evolving") -> dict[int, dict[str, float]]:

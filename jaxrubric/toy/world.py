@@ -139,6 +139,8 @@ class ToyWorldConfig:
     # Which KL generator_beta weighs (RoundConfig.generator_kl): "sampled" (k3 on the tokens
     # it writes) or "forward" (KL(reference || generator) over the whole vocabulary).
     generator_kl: str = "sampled"
+    # The generators' sampling temperature in every run (RoundConfig.generator_temperature).
+    generator_temperature: float = 1.0
     hidden_size: int = 64
     num_layers: int = 2
     verifier_hidden_size: int = 64
@@ -478,6 +480,7 @@ def run_config(name: str, workdir: Path, paths: dict[str, Path], cfg: ToyWorldCo
     c.round.anchor_weight = cfg.anchor_weight
     c.round.policy_beta = cfg.policy_beta
     c.round.generator_kl = cfg.generator_kl
+    c.round.generator_temperature = cfg.generator_temperature
     c.optim.policy_lr = cfg.policy_lr
     if name in STATIC_RUNS or name == "generator_static":
         c.round.rubric_source = "static"
