@@ -56,10 +56,10 @@ def verifier_accuracy(workdir: str | Path, n: int = 512, seed: int = 1234,
     return float(np.mean((p_yes > 0.5) == labels))
 
 
-def _policy_answers(workdir: Path, run: str | None, samples: int, seed: int
-                    ) -> list[tuple[dict, list[str]]]:
-    """Each held-out row with `samples` answers of the policy of `run` (None: the warm
-    start), sampled at temperature 1 as in a round."""
+def _policy_answers(workdir: Path, run: str | None, samples: int, seed: int,
+                    questions: int | None = None) -> list[tuple[dict, list[str]]]:
+    """Each held-out row (the first `questions`; None: all) with `samples` answers of the
+    policy of `run` (None: the warm start), sampled at temperature 1 as in a round."""
     from jaxrubric.sampling import generate
     from jaxrubric.train import export
 
@@ -69,7 +69,8 @@ def _policy_answers(workdir: Path, run: str | None, samples: int, seed: int
         model_dir = workdir / "exported" / run
         if not (model_dir / "config.json").exists():
             export(workdir / "runs" / run, "policy", model_dir, oracle=task.oracle_reward)
-    rows = [json.loads(line) for line in (workdir / "data" / "eval.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in
+            (workdir / "data" / "eval.jsonl").read_text().splitlines()][:questions]
     out = generate(jaxrubric.load_pretrained(model_dir),
                    [world.policy_prompt(tokenizer, r["prompt"]) for r in rows], max_new_tokens=8,
                    rng=jax.random.key(seed), num_samples=samples, pad_id=tokenizer.pad_token_id)
@@ -157,29 +158,18 @@ def _sampled_rubrics(workdir: Path, run: str | None, questions: int, seed: int, 
     tokenizer = jaxrubric.load_tokenizer(workdir / "tokenizer")
     static = run in world.STATIC_RUNS
     generator_dir = workdir / "models" / ("generator_static" if static else "generator")
-    policy_dir = workdir / "models" / "policy"
     if run is not None:
         generator_dir = workdir / "exported" / f"{run}_generator"
-        policy_dir = workdir / "exported" / run
-        for role, out in (("generator", generator_dir), ("policy", policy_dir)):
-            if not (out / "config.json").exists():
-                export(workdir / "runs" / run, role, out, oracle=task.oracle_reward)
-    rows = [json.loads(line) for line in
-            (workdir / "data" / "eval.jsonl").read_text().splitlines()][:questions]
+        if not (generator_dir / "config.json").exists():
+            export(workdir / "runs" / run, "generator", generator_dir, oracle=task.oracle_reward)
     k = cfg["num_responses"]
     key = jax.random.key(seed)
-    answers = generate(jaxrubric.load_pretrained(policy_dir),
-                       [world.policy_prompt(tokenizer, r["prompt"]) for r in rows],
-                       max_new_tokens=8, rng=key, num_samples=k, pad_id=tokenizer.pad_token_id)
+    answered = _policy_answers(workdir, run, k, seed, questions)
+    rows, shown_sets = [row for row, _ in answered], [shown for _, shown in answered]
     template = tpl.dynamic_rubric_generator_template(
         tokenizer, 0 if static else k, max_items=cfg["max_items"], style="compact")
-    prompts, shown_sets = [], []
-    for row, tokens, lengths in zip(rows, np.asarray(answers.tokens), np.asarray(answers.lengths)):
-        shown = [tokenizer.decode(ids[:n], skip_special_tokens=True)
-                 for ids, n in zip(tokens, lengths)]
-        shown_sets.append(shown)
-        prompts.append(world.template_ids(template, tokenizer, row["prompt"],
-                                          *([] if static else shown)))
+    prompts = [world.template_ids(template, tokenizer, row["prompt"], *([] if static else shown))
+               for row, shown in answered]
     grammar = build_rubric_grammar(tokenizer, weights=POSITIVE_WEIGHTS,
                                    max_items=cfg["max_items"],
                                    max_item_tokens=cfg["max_item_tokens"])
