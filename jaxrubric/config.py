@@ -66,7 +66,7 @@ def base_config() -> ml_collections.ConfigDict:
     for role in ROLES:
         c[role.value] = ml_collections.ConfigDict(
             {"path": "", "seed": 0, "dtype": _dtype_field(), "param_dtype": _dtype_field(),
-             "remat": "none", "attention_chunk": 0})
+             "remat": "none", "attention_chunk": 0, "scan_layers": True})
     # LoRA on a trained role (rank 0: full fine-tuning): only the adapters train and sit in the
     # optimiser, the base weights stay frozen in the compute dtype and are the KL reference.
     # targets: comma-separated projections (q_proj, k_proj, v_proj, o_proj, gate_proj,

@@ -3,6 +3,7 @@ run by the generic host loop (`train_loop.run_training`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from collections.abc import Callable
@@ -16,6 +17,7 @@ import numpy as np
 import optax
 from flax import nnx
 from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding, PartitionSpec
 
 import jaxrubric
 from jaxrubric import flops, placement
@@ -77,12 +79,13 @@ def role_model(role: ml_collections.ConfigDict, vocab_size: int, tokenizer: Any,
     if role.path:
         model = jaxrubric.load_pretrained(role.path, dtype=role.dtype, param_dtype=param_dtype,
                                           mesh=mesh, remat=role.remat,
-                                          attention_chunk=role.attention_chunk)
+                                          attention_chunk=role.attention_chunk,
+                                          scan_layers=role.scan_layers)
     else:
         cfg = jaxrubric.tiny_config(
             "qwen3", vocab_size=vocab_size, eos_token_ids=(tokenizer.eos_token_id,),
             pad_token_id=tokenizer.pad_token_id, dtype=role.dtype, param_dtype=param_dtype,
-            remat=role.remat, attention_chunk=role.attention_chunk,
+            remat=role.remat, attention_chunk=role.attention_chunk, scan_layers=role.scan_layers,
             vocab_multiple=shd.vocab_multiple(mesh))
         model = shd.shard_model(jaxrubric.init_model(cfg, seed=role.seed), mesh)
     if lora is not None:
@@ -136,6 +139,9 @@ class CoevolveTask:
         else:
             self.meshes = dict.fromkeys(ROLES, shd.make_mesh(dict(config.mesh)))
         self.colocated = len({id(m) for m in self.meshes.values()}) == 1
+        if config.round.runtime_switches and not self.colocated:
+            raise ValueError("config.round.runtime_switches needs every role on one mesh "
+                             "(config.submeshes empty): sub-mesh stages compile apart anyway")
         # Batches are placed on the policy's mesh; a stage on another mesh moves what it reads.
         self.mesh = self.meshes[Role.POLICY]
         evaluates = bool(config.data.eval) and self.method.evaluates
@@ -190,10 +196,14 @@ class CoevolveTask:
         references = {role: self._reference(role, models[role]) if rc.needs_reference(role)
                       and models[role].config.lora is None else None for role in TRAINED}
         bases = {role: core.base_weights(models[role]) for role in TRAINED}
+        switches = None
+        if rc.runtime_switches:
+            switches = jax.device_put(rc.switches(), NamedSharding(self.mesh, PartitionSpec()))
         self.frozen = Frozen(nnx.state(models[Role.VERIFIER], nnx.Param),
                              policy_ref=references[Role.POLICY],
                              generator_ref=references[Role.GENERATOR],
-                             policy_base=bases[Role.POLICY], generator_base=bases[Role.GENERATOR])
+                             policy_base=bases[Role.POLICY], generator_base=bases[Role.GENERATOR],
+                             switches=switches)
         self.models = models
         d = config.data
         self.round_flops = flops.round_flops(
@@ -202,15 +212,19 @@ class CoevolveTask:
                 "question": (d.batch_size, d.prompt_tokens),
                 "policy": (d.batch_size, d.policy_tokens),
                 "anchors": (d.batch_size, d.num_anchors, d.anchor_tokens)})))
+        # The held-out evaluation's setup: the round's, or with its own micro-batches.
+        eval_setup = (self.setup if rc.for_evaluation() == rc else
+                      dataclasses.replace(self.setup, config=rc.for_evaluation()))
         if self.colocated:
             self._round = core.make_round_step(self.setup, self.frozen, self.method.round)
             evaluate = jax.jit(lambda state, frozen, batch, rng: self.method.evaluate(
-                self.setup, state, frozen, batch, rng))
+                eval_setup, state, frozen, batch, rng))
         else:
             run = placement.SubMeshes(self.setup, self.meshes)
             self._round = core.make_submesh_round_step(self.setup, self.frozen, run,
                                                        self.method.round)
-            evaluate = functools.partial(self.method.evaluate, self.setup, run=run)
+            evaluate = functools.partial(self.method.evaluate, eval_setup, run=(
+                run if eval_setup is self.setup else placement.SubMeshes(eval_setup, self.meshes)))
         self._evaluate = None
         if self.eval_records:
             self._eval_batch = self._encode(self.eval_records)

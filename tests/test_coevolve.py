@@ -5,12 +5,14 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+import helpers
 import pytest
 from helpers import changed_roles, round_case, trained_params
+from jax.sharding import NamedSharding, PartitionSpec
 
 import jaxrubric
 from jaxrubric import placement
-from jaxrubric.methods import DYNAMIC_RUBRIC, dynamic_rubric
+from jaxrubric.methods import DYNAMIC_RUBRIC, core, dynamic_rubric
 from jaxrubric.methods.core import RoundConfig, RoundResult, RoundState
 from jaxrubric.roles import TRAINED
 
@@ -140,3 +142,83 @@ def test_reference_is_stored_in_the_compute_dtype_and_gives_the_same_logits(
     tokens = jnp.asarray(np.random.default_rng(0).integers(3, 250, (2, 7)))
     np.testing.assert_array_equal(nnx.merge(nnx.graphdef(model), reference)(tokens),
                                   model(tokens))
+
+
+def test_runtime_switches_run_every_variant_in_one_program_as_its_own_round():
+    """`round.runtime_switches`: the co-evolving, frozen-generator and oracle-reward runs are
+    one compiled program (their lowered programs are the same text, and one jitted round
+    serves all three through `Frozen.switches`), and each gives the round of its own
+    compiled-out program: the same weights and rewards."""
+    mesh = jaxrubric.sharding.single_device_mesh()
+    oracle = lambda tokens, lengths, question: lengths.astype(jnp.float32) / 12  # noqa: E731
+    base = RoundConfig(num_responses=4, num_rubrics=2, response_tokens=12, logprob_chunk=8,
+                       soft_verdicts=True, policy_beta=0.04, generator_beta=0.04)
+    runs = {"coevolve": {}, "frozen": {"freeze_generator": True},
+            "oracle": {"freeze_generator": True, "policy_reward": "oracle"}}
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def switched(name):
+        config = dataclasses.replace(base, runtime_switches=True, **runs[name])
+        case = round_case(DYNAMIC_RUBRIC, config, mesh, oracle_reward=oracle)
+        return case, case.frozen._replace(
+            switches=jax.device_put(config.switches(), replicated))
+
+    texts = set()
+    for name in runs:
+        case, frozen = switched(name)
+        program = core.round_program(case.setup, DYNAMIC_RUBRIC.round,
+                                     jax.tree.map(lambda x: x.sharding, case.state))
+        texts.add(program.lower(case.state, frozen, case.batch, jax.random.key(0)).as_text())
+    assert len(texts) == 1
+
+    case, _ = switched("coevolve")
+    program = core.round_program(case.setup, DYNAMIC_RUBRIC.round,
+                                 jax.tree.map(lambda x: x.sharding, case.state))
+    for name, flags in runs.items():
+        state, frozen = switched(name)[0].state, switched(name)[1]
+        plain = round_case(DYNAMIC_RUBRIC, dataclasses.replace(base, **flags), mesh,
+                           oracle_reward=oracle)
+        plain_state, plain_step = plain.state, plain.round_step()
+        for r in range(2):
+            state, out = program(state, frozen, case.batch, jax.random.key(r))
+            plain_state, plain_out = plain_step(plain_state, plain.batch, jax.random.key(r))
+        for role in TRAINED:
+            np.testing.assert_allclose(helpers.flat(state.role(role).params),
+                                       helpers.flat(plain_state.role(role).params),
+                                       atol=1e-6, err_msg=f"{name}: {role}")
+        scalars, plain_scalars = jax.device_get((out.scalars, plain_out.scalars))
+        for key, value in plain_scalars.items():
+            np.testing.assert_allclose(scalars[key], value, rtol=1e-5, atol=1e-6,
+                                       err_msg=f"{name}: {key}")
+        skipped = set(scalars) - set(plain_scalars)  # a switched-off update's zeros
+        assert all(k.startswith("generator/") and scalars[k] == 0 for k in skipped), skipped
+        assert bool(skipped) == (name != "coevolve")
+    assert program._cache_size() == 1
+
+
+def test_evaluation_micro_batches_give_the_same_metrics():
+    """`round.eval_micro_batches`: the held-out rollout in pieces samples and judges the same
+    rows as in one piece (the toy world evaluates 256 prompts in 32)."""
+    mesh = jaxrubric.sharding.single_device_mesh()
+    oracle = lambda tokens, lengths, question: lengths.astype(jnp.float32) / 12  # noqa: E731
+    config = RoundConfig(num_responses=2, num_rubrics=2, response_tokens=8, soft_verdicts=True,
+                         eval_micro_batches=2)
+    assert config.for_evaluation().rollout_micro_batches == 2
+    assert dataclasses.replace(config, eval_micro_batches=0).for_evaluation() == \
+        dataclasses.replace(config, eval_micro_batches=0)
+    with pytest.raises(ValueError, match="eval_micro_batches must be >= 0"):
+        RoundConfig(eval_micro_batches=-1)
+    with pytest.raises(ValueError, match=r"eval_micro_batches=2 must divide the held-out "
+                                         r"prompts \(data.eval_batch_size\), 3"):
+        core.check_micro_batches(config, DYNAMIC_RUBRIC.round_shapes(config, core.RoundDims(
+            batch=2, question=16, policy_prompt=32, anchors=3, anchor_len=2, rubric=40, items=3,
+            item_tokens=6, generator_constant=20, verifier_head=10, readout_suffix=3)),
+            eval_prompts=3)
+    case = round_case(DYNAMIC_RUBRIC, config, mesh, oracle_reward=oracle)
+    metrics = [jax.device_get(jax.jit(lambda s, f, b, r, c=c: DYNAMIC_RUBRIC.evaluate(
+        dataclasses.replace(case.setup, config=c), s, f, b, r))(
+            case.state, case.frozen, case.batch, jax.random.key(3)))
+        for c in (config, config.for_evaluation())]
+    assert set(metrics[0]) == set(metrics[1]) and "quality" in metrics[0]
+    for key, value in metrics[0].items():
+        np.testing.assert_allclose(metrics[1][key], value, rtol=1e-6, err_msg=key)

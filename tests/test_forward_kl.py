@@ -73,7 +73,7 @@ def test_the_role_update_weighs_the_forward_kl_of_the_full_distributions():
     graph, params = nnx.graphdef(model), nnx.state(model, nnx.Param)
     ref = jax.tree.map(lambda x: x * 1.05, params)
     cfg = core.RoundConfig(num_updates=1, logprob_chunk=4)
-    spec = core.RoleSpec(graph, optax.sgd(0.0), beta=0.2, frozen=False, kl="forward")
+    spec = core.RoleSpec(graph, optax.sgd(0.0), beta=0.2, compiled_out=False, kl="forward")
     sampler = core.completion_logprobs(model, prompt, prompt_mask, completion, 4)
     _, metrics = core.grpo_role_update(
         cfg, spec, core.RoleState(params, spec.optimizer.init(params)), None, ref, prompt,

@@ -48,7 +48,7 @@ def test_round_updates_both_models_and_compiles_once(round_mesh):
     # The frozen-evaluator / frozen-policy flags drop the updates (traced only, not compiled).
     frozen_setup = dataclasses.replace(setup, config=dataclasses.replace(
         config, freeze_generator=True, freeze_policy=True))
-    assert all(frozen_setup.roles[role].frozen for role in TRAINED)
+    assert all(frozen_setup.roles[role].compiled_out for role in TRAINED)
     _, traced = jax.eval_shape(functools.partial(GENRUBRIC.round, frozen_setup), state,
                                frozen, batch, jax.random.key(0))
     assert not {"generator/loss", "policy/loss"} & set(traced.scalars)

@@ -476,7 +476,7 @@ def _decoder_update(aggregation, micro_batches, num_updates=2, lora=False):
     cfg = RoundConfig(aggregation=aggregation, num_updates=num_updates, logprob_chunk=2,
                       update_micro_batches=micro_batches)
     opt = optax.sgd(0.5)  # the parameters move by the gradients themselves
-    spec = RoleSpec(graph, opt, beta=0.1, frozen=False)
+    spec = RoleSpec(graph, opt, beta=0.1, compiled_out=False)
     # The reference is the initial weights, moved a little so the KL term is not zero (LoRA:
     # the base, the adapters off).
     ref = None if lora else jax.tree.map(lambda p: p * 1.01, params)

@@ -78,7 +78,7 @@ def _update(lora: bool, aggregation: str, micro_batches: int, shared: bool, mesh
     cfg = core.RoundConfig(aggregation=aggregation, num_updates=2, logprob_chunk=2,
                            update_micro_batches=micro_batches)
     opt = optax.sgd(0.5)
-    spec = core.RoleSpec(graph, opt, beta=0.1, frozen=False, kl=kl)
+    spec = core.RoleSpec(graph, opt, beta=0.1, compiled_out=False, kl=kl)
     ref = None if lora else jax.tree.map(lambda p: p * 1.01, params)
     if shared:
         inputs = (prompt, prompt_mask, completion, mask, sampler, advantages)

@@ -91,6 +91,26 @@ def test_a_kl_reference_other_than_the_starting_weights(tmp_path):
                              "generator.lora.rank=4"])
 
 
+def test_role_layers_unrolled_and_runtime_switches_from_the_config():
+    """`config.<role>.scan_layers=false` builds that role with its layers unrolled; runtime
+    switches reach the round's frozen inputs as this run's flags, and are refused on sub-meshes
+    before any model loads."""
+    from jaxrubric.roles import Role
+
+    task = CoevolveTask(load_config(CONFIG, ["policy.scan_layers=false",
+                                             "round.runtime_switches=true",
+                                             "round.freeze_generator=true"]))
+    assert not task.models[Role.POLICY].config.scan_layers  # a Python loop over the layers
+    assert task.models[Role.GENERATOR].config.scan_layers
+    assert jax.device_get(task.frozen.switches) == (True, False, False)
+    assert task.frozen.generator_ref is not None  # kept: the program holds the update
+    with pytest.raises(ValueError, match="config.round.runtime_switches needs every role on "
+                                         "one mesh"):
+        CoevolveTask(load_config(CONFIG, ["round.runtime_switches=true",
+                                          "submeshes.policy=fsdp=4", "submeshes.generator=data=2",
+                                          "submeshes.verifier=fsdp=-1"]))
+
+
 def test_config_errors_name_the_key(tmp_path):
     with pytest.raises(ConfigFileError, match="config has no key 'round.nonsense'"):
         load_config(CONFIG, ["round.nonsense=1"])

@@ -104,9 +104,11 @@ def mean_valid_score(scores: jax.Array, group_valid: jax.Array) -> jax.Array:
 
 def judge_stage(setup: RoundSetup, verifier_params: nnx.State, question: Question,
                 anchors: Anchors, responses: sampling.SampleResult, text_len: jax.Array,
-                rubrics: sampling.SampleResult, parsed: grammar_lib.ParsedRubric) -> Judged:
+                rubrics: sampling.SampleResult, parsed: grammar_lib.ParsedRubric,
+                use_oracle: jax.Array | None = None) -> Judged:
     """Stage 3 (verifier): every response and every anchor answer judged under every item,
-    then scores, both roles' rewards and their group advantages."""
+    then scores, both roles' rewards and their group advantages. `use_oracle`: the run's
+    runtime switch (`RunSwitches.oracle_reward`) in place of `policy_reward`."""
     cfg = setup.config
     verifier = nnx.merge(setup.graph(Role.VERIFIER), verifier_params)
     verdicts = core.judge(setup, verifier, question, responses.tokens, text_len, parsed,
@@ -136,7 +138,10 @@ def judge_stage(setup: RoundSetup, verifier_params: nnx.State, question: Questio
         rubric_reward = mean_valid_score(scores, group_valid)
     oracle = (None if setup.oracle_reward is None
               else setup.oracle_reward(responses.tokens, text_len, question))
-    policy_reward = oracle if cfg.policy_reward == "oracle" else rubric_reward
+    if use_oracle is not None and oracle is not None:
+        policy_reward = jnp.where(use_oracle, oracle, rubric_reward)
+    else:
+        policy_reward = oracle if cfg.policy_reward == "oracle" else rubric_reward
     metrics = {
         "policy/reward": policy_reward.mean(),
         "policy/reward_std_in_group": policy_reward.std(-1).mean(),
@@ -174,8 +179,9 @@ def rollout(setup: RoundSetup, state: RoundState, frozen: Frozen, batch: RoundBa
     responses, text_len = run(Role.POLICY, respond_stage, weights[Role.POLICY], batch.policy, rng)
     gen_input, rubrics, parsed = run(Role.GENERATOR, write_stage, weights[Role.GENERATOR],
                                      batch.question, responses, text_len, rng)
+    use_oracle = None if frozen.switches is None else frozen.switches.oracle_reward
     judged = run(Role.VERIFIER, judge_stage, frozen.verifier, batch.question, batch.anchors,
-                 responses, text_len, rubrics, parsed)
+                 responses, text_len, rubrics, parsed, use_oracle)
     return Rollout(responses, text_len, gen_input, rubrics, parsed, judged)
 
 
