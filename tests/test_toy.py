@@ -276,6 +276,24 @@ def test_only_the_compared_runs_evaluate_on_the_held_out_set(tmp_path):
         assert (c.data.eval, c.eval_every) == (str(paths["eval"]), cfg.eval_every)
 
 
+def test_the_runs_of_one_generator_kind_differ_only_in_runtime_switches(tmp_path):
+    """The generators' own rounds and the compared runs set which roles train and what rewards
+    the policy as runtime switches, and agree on every other round option: those with
+    answer-seeing rubrics compile one round program, the static ones another (the compilation
+    cache then serves it to each later run), and the 256 held-out prompts are evaluated in
+    pieces of a round's 8."""
+    cfg = world.ToyWorldConfig()
+    paths = world.write_data(tmp_path, cfg)
+    switches = ("freeze_policy", "freeze_generator", "policy_reward")
+    for names in (("generator", "coevolve", "frozen", "oracle"), ("generator_static", "static")):
+        rounds = []
+        for name in names:
+            c = world.run_config(name, tmp_path, paths, cfg, tmp_path / "models" / "generator")
+            assert c.round.runtime_switches and c.round.eval_micro_batches == 32
+            rounds.append({k: v for k, v in c.round.to_dict().items() if k not in switches})
+        assert all(r == rounds[0] for r in rounds), names
+
+
 def test_every_compared_run_pulls_its_policy_toward_the_warm_start_by_the_same_kl(tmp_path):
     """The policy KL is the world's, in every compared run alike (a baseline with another KL
     would not be comparable); the generators' own rounds leave the policy frozen."""

@@ -110,7 +110,7 @@ def test_the_toy_worlds_graph(tmp_path):
 
 
 def test_train_passes_jobs_to_the_toy_world(tmp_path, monkeypatch):
-    from jaxrubric.cli import main
+    from jaxrubric.cli import default_toy_jobs, main
     from jaxrubric.toy import genrubric_world, world
 
     calls = []
@@ -122,7 +122,10 @@ def test_train_passes_jobs_to_the_toy_world(tmp_path, monkeypatch):
     assert main(["train", "--workdir", str(tmp_path)]) == 0
     assert main(["train", "--method", "genrubric", "--jobs", "3",
                  "--workdir", str(tmp_path)]) == 0
-    assert calls == [(2, 1), (0, None), ("genrubric", 3)]
+    assert main(["train", "--method", "genrubric", "--workdir", str(tmp_path)]) == 0
+    assert calls == [(2, 1), (0, default_toy_jobs("dynamic_rubric")), ("genrubric", 3),
+                     ("genrubric", 1)]
+    assert default_toy_jobs("dynamic_rubric") == min(2, os.cpu_count())
 
 
 def test_the_genrubric_worlds_graph(tmp_path):
