@@ -142,7 +142,6 @@ def _train(args: argparse.Namespace, overrides: Sequence[str]) -> int:
     return 0
 
 
-# Each method's toy world: its module, config class, runner and default workdir.
 # Each toy world: its module, config class, runner, default workdir, and worker processes
 # without `--jobs` (`default_toy_jobs`).
 TOY_WORLDS = {

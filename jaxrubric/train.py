@@ -213,8 +213,9 @@ class CoevolveTask:
                 "policy": (d.batch_size, d.policy_tokens),
                 "anchors": (d.batch_size, d.num_anchors, d.anchor_tokens)})))
         # The held-out evaluation's setup: the round's, or with its own micro-batches.
-        eval_setup = (self.setup if rc.for_evaluation() == rc else
-                      dataclasses.replace(self.setup, config=rc.for_evaluation()))
+        eval_config = rc.for_evaluation()
+        eval_setup = (self.setup if eval_config == rc else
+                      dataclasses.replace(self.setup, config=eval_config))
         if self.colocated:
             self._round = core.make_round_step(self.setup, self.frozen, self.method.round)
             evaluate = jax.jit(lambda state, frozen, batch, rng: self.method.evaluate(
