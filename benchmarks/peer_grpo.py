@@ -137,7 +137,7 @@ def jaxrubric_iteration(model: jaxrubric.Decoder, work: Work, repeats: int,
         inputs = (jnp.asarray(work.prompts), jnp.ones(work.prompts.shape, bool),
                   *map(by_prompt, inputs[2:]))
     optimizer = optax.adamw(LR)
-    spec = core.RoleSpec(graph, optimizer, beta=BETA, frozen=False)
+    spec = core.RoleSpec(graph, optimizer, beta=BETA, compiled_out=False)
     cfg = core.RoundConfig(policy_beta=BETA, logprob_chunk=NEW)
     update = jax.jit(lambda state, ref: core.grpo_role_update(
         cfg, spec, state, None, ref, *inputs, jax.random.key(0))[0], donate_argnums=0)

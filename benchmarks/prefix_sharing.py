@@ -71,7 +71,7 @@ def _update(model, prompts: int, prompt_len: int, samples: int, length: int, sha
                   *(rows(x) for x in inputs[2:]))
     graph, params = nnx.split(model, nnx.Param)
     opt = optax.adamw(1e-5)
-    spec = core.RoleSpec(graph, opt, beta=0.0, frozen=False)
+    spec = core.RoleSpec(graph, opt, beta=0.0, compiled_out=False)
     cfg = core.RoundConfig(logprob_chunk=128)
     step = jax.jit(lambda p, o: core.grpo_role_update(
         cfg, spec, core.RoleState(p, o), None, None, *inputs, jax.random.key(0))[0])

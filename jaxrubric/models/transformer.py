@@ -344,8 +344,8 @@ class Decoder(nnx.Module):
     # ----------------------------------------------------------------------- forward
     def __call__(self, tokens, positions=None, attention_mask=None, segment_ids=None, cache=None,
                  lora_drop_keys=None):
-        hidden, new_cache = self.hidden_states(tokens, positions, attention_mask, segment_ids, cache,
-                                               lora_drop_keys)
+        hidden, new_cache = self.hidden_states(tokens, positions, attention_mask, segment_ids,
+                                               cache, lora_drop_keys)
         logits = self.logits(hidden)
         return logits if cache is None else (logits, new_cache)
 
@@ -356,8 +356,9 @@ class Decoder(nnx.Module):
             head = self.embed[...].T
         else:
             head = self.lm_head[...]
-        out = jnp.einsum("btd,dv->btv", hidden, head.astype(hidden.dtype),
-                         preferred_element_type=jnp.float32)
+        # One 2-D product over the flattened rows (see `lora.matmul`).
+        out = jnp.matmul(hidden.reshape(-1, hidden.shape[-1]), head.astype(hidden.dtype),
+                         preferred_element_type=jnp.float32).reshape(*hidden.shape[:-1], -1)
         if cfg.padded_vocab_size != cfg.vocab_size:
             out = jnp.where(jnp.arange(out.shape[-1]) < cfg.vocab_size, out, MASKED_LOGIT)
         return out
