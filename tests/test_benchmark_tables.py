@@ -82,3 +82,39 @@ def test_genrubric_signal_pays_sounder_rubrics_and_common_coins_only_couple_the_
     sound = dict(informed=1.0, groups=4)
     assert genrubric_signal.correlation(30, 1, **sound) == pytest.approx(
         genrubric_signal.correlation(30, 1, common=True, **sound), abs=0.2)
+
+
+def _tiny_decoder(vocab: int):
+    import jaxrubric
+
+    return jaxrubric.init_model(jaxrubric.tiny_config(
+        "qwen3", vocab_size=vocab, hidden_size=32, intermediate_size=64, num_layers=1,
+        num_heads=2, num_kv_heads=1, head_dim=16), seed=0)
+
+
+def test_prefix_sharing_updates_run_and_agree():
+    """`benchmarks/prefix_sharing.py`'s update steps, at a tiny size: the shared-prompt step
+    gives the unshared one's weights (the benchmark times the same update two ways)."""
+    import jax
+    import numpy as np
+    import prefix_sharing
+
+    model = _tiny_decoder(8192)
+    new = {}
+    for shared in (False, True):
+        step, args = prefix_sharing._update(model, 2, 8, 3, 4, shared)
+        new[shared] = step(*args).params
+    for a, b in zip(jax.tree.leaves(new[False]), jax.tree.leaves(new[True])):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+
+
+def test_peer_grpo_jaxrubric_iteration_runs():
+    """`benchmarks/peer_grpo.py`'s jaxrubric rows (a row per completion, and each prompt once)
+    on a tiny model: the timing harness runs with the round's current API."""
+    import peer_grpo
+
+    work = peer_grpo.make_work()
+    model = _tiny_decoder(peer_grpo.QWEN3["vocab_size"])
+    for shared in (False, True):
+        timing = peer_grpo.jaxrubric_iteration(model, work, repeats=1, shared=shared)
+        assert 0 < timing.best_s <= timing.first_s
