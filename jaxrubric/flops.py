@@ -137,6 +137,8 @@ def round_flops_by_stage(models: Mapping[Role, ModelConfig], config: RoundConfig
             models[Role.VERIFIER], rows=v.rows, prefix_len=v.prefix_len, branches=v.branches,
             branch_len=v.branch_len)
     for u in shapes.updates:
+        if config.frozen(u.role):  # compiled behind a runtime switch, skipped
+            continue
         if u.shared(config):
             forward = shared_teacher_forced_flops(
                 models[u.role], prompts=u.rows // u.group, prompt_len=u.prompt_len,

@@ -298,6 +298,11 @@ def test_round_flops_stages_follow_the_config():
     assert set(stages) == {"policy/sample", "generator/sample", "verifier/responses",
                            "verifier/anchors", "policy/update"}
     assert stages["policy/update"] == 6 * policy_forward
+    # Behind a runtime switch the frozen generator's update is compiled but skipped: no FLOPs.
+    switched = dataclasses.replace(varied, runtime_switches=True)
+    switched_shapes = DYNAMIC_RUBRIC.round_shapes(switched, DIMS)
+    assert [u.role for u in switched_shapes.updates] == ["generator", "policy"]
+    assert flops.round_flops_by_stage(models, switched, switched_shapes) == stages
 
     # The forward KL: the reference stops at its hidden states, and each update step projects
     # them to the vocabulary (2 prompts x G = 2 rubrics of 40 tokens, 2 steps).

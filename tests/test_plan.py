@@ -458,6 +458,21 @@ def test_frozen_role_runs_no_update():
         assert any("generator update micro-batches" in note for note in notes) != frozen
 
 
+def test_frozen_role_behind_a_runtime_switch_keeps_its_update_phase():
+    """With `round.runtime_switches` a frozen role's update is compiled and skipped at run
+    time: the plan keeps its phase (its memory, its micro-batch shapes)."""
+    for switched in (False, True):
+        config = load_config(TINY, ["round.freeze_generator=True",
+                                    f"round.runtime_switches={switched}"])
+        config.mesh.update(plan.parse_mesh("fsdp=8"))
+        assert ("generator update" in plan.plan_memory(config, GIB)["phases"]) == switched
+        method = get_method(config.method)
+        updates = method.round_shapes(round_config(config),
+                                      core.config_dims(config, method)).updates
+        assert [u.role for u in updates] == (["generator", "policy"] if switched
+                                             else ["policy"])
+
+
 def test_genrubric_submesh_plan_moves_rubrics_to_the_policy():
     p = plan.plan_memory(load_config(CONFIGS / "tiny_genrubric.py",
                                      [*SUBMESHES, "round.freeze_policy=false"]), GIB)

@@ -944,9 +944,11 @@ def verifier_messages(style: str) -> tuple[list[dict[str, str]], tuple[str, ...]
 
 def trained_updates(cfg: RoundConfig, rows: Mapping[Role, tuple[int, ...]]
                     ) -> tuple[Update, ...]:
-    """The `Update`s of the roles this run trains, generator first, from `role -> (rows,
-    prompt_len, completion_len[, group])`."""
-    return tuple(Update(role, *rows[role]) for role in TRAINED if not cfg.frozen(role))
+    """The `Update`s the compiled round holds, generator first, from `role -> (rows,
+    prompt_len, completion_len[, group])`: the roles this run trains, and with
+    `runtime_switches` a frozen role's too (its update is compiled and skipped at run time, so
+    it takes memory and fixes micro-batch shapes but does no work: `flops` leaves it out)."""
+    return tuple(Update(role, *rows[role]) for role in TRAINED if not cfg.compiled_out(role))
 
 
 # ------------------------------------------------------------------------------ methods
