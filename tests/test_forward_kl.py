@@ -90,7 +90,11 @@ def test_the_role_update_weighs_the_forward_kl_of_the_full_distributions():
     lp, lp_ref = log_probs(params), log_probs(ref)
     per_token = (np.exp(lp_ref) * (lp_ref - lp)).sum(-1)
     m = np.asarray(mask)
-    np.testing.assert_allclose(metrics["kl"], (per_token * m).sum() / m.sum(), rtol=1e-4)
+    # The KL here is ~2e-4, a float32 sum of p_ref (log p_ref - log p) over log-probs near
+    # -5.5 (ulp ~5e-7): it is known to ~1e-7 absolute, not to 1e-4 of itself (the decoder's
+    # 2-D projections moved it by 2.8e-8, 1.35e-4 relative).
+    np.testing.assert_allclose(metrics["kl"], (per_token * m).sum() / m.sum(), rtol=1e-4,
+                               atol=1e-7)
     # advantages are zero, so the loss is the KL term alone
     np.testing.assert_allclose(metrics["loss"], 0.2 * metrics["kl"], rtol=1e-5)
 

@@ -71,9 +71,9 @@ STATIC_RUNS = ("static",)
 
 @dataclasses.dataclass(frozen=True)
 class ToyWorldConfig:
-    """Sizes and budgets of the toy world (the defaults took 5.6 minutes from scratch on a
-    2-core box in one process, 4.9 in two, `jaxrubric train`'s default there; the world's
-    `timings.json` splits its time by stage)."""
+    """Sizes and budgets of the toy world (the defaults took 4.9 to 5.5 minutes from scratch
+    on a 2-core box, by the day, in two worker processes, `jaxrubric train`'s default there;
+    the world's `timings.json` splits its time by stage)."""
 
     seed: int = 0
     rounds: int = 60  # co-evolution rounds of each compared run
