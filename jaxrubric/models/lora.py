@@ -58,7 +58,8 @@ def init_a(key: jax.Array, shape: tuple[int, ...], dtype: jnp.dtype) -> jax.Arra
     return jax.random.uniform(key, shape, dtype, -bound, bound)
 
 
-def matmul(x: jax.Array, weight: jax.Array, n_in: int) -> jax.Array:
+def matmul(x: jax.Array, weight: jax.Array, n_in: int,
+           preferred_element_type: jnp.dtype | None = None) -> jax.Array:
     """`x [..., in...]` times `weight [in..., out...]` as one 2-D matrix product
     `[rows, in] @ [in, out]` (reshapes of contiguous dims are free): with the rows' dims and the
     contracted dims each merged into one, the backward's weight gradient contracts a single
@@ -67,7 +68,8 @@ def matmul(x: jax.Array, weight: jax.Array, n_in: int) -> jax.Array:
     was fused into."""
     lead, ins = x.shape[:x.ndim - n_in], x.shape[x.ndim - n_in:]
     size_in = math.prod(ins)
-    y = jnp.matmul(x.reshape(-1, size_in), weight.reshape(size_in, -1))
+    y = jnp.matmul(x.reshape(-1, size_in), weight.reshape(size_in, -1),
+                   preferred_element_type=preferred_element_type)
     return y.reshape(*lead, *weight.shape[n_in:])
 
 

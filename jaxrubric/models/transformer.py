@@ -356,9 +356,8 @@ class Decoder(nnx.Module):
             head = self.embed[...].T
         else:
             head = self.lm_head[...]
-        # One 2-D product over the flattened rows (see `lora.matmul`).
-        out = jnp.matmul(hidden.reshape(-1, hidden.shape[-1]), head.astype(hidden.dtype),
-                         preferred_element_type=jnp.float32).reshape(*hidden.shape[:-1], -1)
+        out = lora_lib.matmul(hidden, head.astype(hidden.dtype), 1,
+                              preferred_element_type=jnp.float32)
         if cfg.padded_vocab_size != cfg.vocab_size:
             out = jnp.where(jnp.arange(out.shape[-1]) < cfg.vocab_size, out, MASKED_LOGIT)
         return out
