@@ -249,6 +249,35 @@ def test_clear_errors(tmp_path, checkpoints):
         jaxrubric.load_pretrained(no_weights)
 
 
+def test_generic_tokenizer_loads_without_auto_tokenizer_and_as_auto_tokenizer_would(tmp_path):
+    """A folder of the generic fast class skips `AutoTokenizer` (whose import pulls in torch)
+    and loads the tokenizer `AutoTokenizer` gives; a named class still goes through it."""
+    import shutil
+
+    from jaxrubric.toy import digits_task as task
+
+    folder = task.build_tokenizer(tmp_path / "generic")
+    ours, auto = jaxrubric.load_tokenizer(folder), transformers.AutoTokenizer.from_pretrained(
+        str(folder))
+    assert type(ours) is type(auto)
+    text = "big 381729 [3] has 8\n"
+    assert ours.encode(text) == auto.encode(text)
+    chat = [{"role": "user", "content": "big 381729"}]
+    assert (ours.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+            == auto.apply_chat_template(chat, add_generation_prompt=True, tokenize=False))
+    assert (ours.eos_token_id, ours.pad_token_id) == (auto.eos_token_id, auto.pad_token_id)
+
+    named = tmp_path / "named"
+    shutil.copytree(folder, named)
+    config = json.loads((named / "tokenizer_config.json").read_text())
+    (named / "tokenizer_config.json").write_text(
+        json.dumps({**config, "tokenizer_class": "Qwen2Tokenizer"}))
+    assert type(jaxrubric.load_tokenizer(named)).__name__ == "Qwen2Tokenizer"
+    (named / "tokenizer_config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="tokenizer_config.json: not valid JSON"):
+        jaxrubric.load_tokenizer(named)
+
+
 def test_config_checks():
     with pytest.raises(ConfigError, match="must divide"):
         jaxrubric.tiny_config(num_kv_heads=3)

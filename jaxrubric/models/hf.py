@@ -256,10 +256,29 @@ def _path_key(path) -> tuple[str, ...]:
     return tuple(out)
 
 
+# The generic fast tokenizer's class names (transformers 5 and 4): what `AutoTokenizer` would
+# pick for such a folder is this class itself.
+GENERIC_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
 def load_tokenizer(path: str | os.PathLike):
-    """The transformers tokenizer of a checkpoint, with its chat template."""
+    """The transformers tokenizer of a checkpoint, with its chat template.
+
+    A folder whose `tokenizer_config.json` names the generic fast class is loaded by that class
+    directly: `AutoTokenizer` imports transformers' model configs, which import torch where it
+    is installed (~5 s in each process of the toy world's workers on a 2-core box)."""
+    folder = resolve_checkpoint(path)
+    config_file = folder / "tokenizer_config.json"
+    if config_file.is_file():
+        try:
+            name = json.loads(config_file.read_text()).get("tokenizer_class")
+        except json.JSONDecodeError as err:
+            raise CheckpointError(f"{config_file}: not valid JSON ({err})") from err
+        if name in GENERIC_TOKENIZER_CLASSES:
+            from transformers import PreTrainedTokenizerFast
+            return PreTrainedTokenizerFast.from_pretrained(str(folder))
     from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(str(resolve_checkpoint(path)))
+    return AutoTokenizer.from_pretrained(str(folder))
 
 
 # ------------------------------------------------------------------------------ writing
