@@ -185,6 +185,12 @@ def test_a_focused_teacher_writes_its_first_items_about_the_contested_digits():
     # Sound ("omits 3", "has 8") three times in four: half informed, half a coin flip.
     share = sum(item in ("omits 3", "has 8") for item in signs) / len(signs)
     assert 0.68 < share < 0.82
+    # With focus_informed=1 every item about a contested digit has the sound sign.
+    for _ in range(50):
+        items = [line.split("] ")[1] for line in task.teacher_rubric(
+            "big 381729", rng, max_items=4, informed=0.5, focus=["3", "8"],
+            focus_informed=1.0).splitlines()]
+        assert set(items[:2]) == {"omits 3", "has 8"}
 
 
 def _slot_texts(tokenizer, template, ids):
@@ -209,8 +215,10 @@ def test_the_answer_seeing_cold_start_looks_at_the_digits_its_answers_differ_on(
         question, *shown = _slot_texts(tokenizer, template, ids)
         assert question.startswith(task.INSTRUCTION) and len(shown) == cfg.num_responses
         contested = task.contested_digits(question, shown)
-        first = tokenizer.decode(target[:-1]).splitlines()[0].split(" ")[-1]
-        focused += first in contested if contested else 1
+        first = tokenizer.decode(target[:-1]).splitlines()[0].split("] ")[-1]
+        # The defaults' teacher gives every contested digit its sound sign.
+        focused += (first.split(" ")[-1] in contested and first == task.sound_item(
+            first.split(" ")[-1])) if contested else 1
     assert focused == len(prompts)
 
 

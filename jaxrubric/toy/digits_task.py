@@ -365,7 +365,8 @@ def contested_digits(prompt: str, answers: Sequence[str]) -> list[str]:
 
 
 def teacher_rubric(prompt: str, rng: random.Random, max_items: int, informed: float,
-                   sound_kinds: str = "both", focus: Sequence[str] = ()) -> str:
+                   sound_kinds: str = "both", focus: Sequence[str] = (),
+                   focus_informed: float | None = None) -> str:
     """The generator's cold-start target: valid rubric lines with random weights, each item
     sound (`sound_criterion`) with probability ``informed`` and otherwise random
     (`random_criterion`: half of those reward a mistake). A partly informed generator is a
@@ -373,13 +374,15 @@ def teacher_rubric(prompt: str, rng: random.Random, max_items: int, informed: fl
     policy's current answers differ on, is left for the co-evolution to learn.
 
     ``focus`` (the `contested_digits` of the answers the generator is shown): the first items
-    are about those digits, each with the sound sign with probability ``informed`` and a random
-    one otherwise. Such a teacher shows the answer-seeing generator *where* to look (what its
-    candidates differ on) but only half of *which way* an item should point there."""
+    are about those digits, each with the sound sign with probability ``focus_informed``
+    (default ``informed``) and a random one otherwise. At 0.5 such a teacher shows the
+    answer-seeing generator *where* to look (what its candidates differ on) but only half of
+    *which way* an item should point there; at 1 both."""
     count = rng.randint(min(2, max_items), max_items)
     items: list[str] = []
+    focus_informed = informed if focus_informed is None else focus_informed
     for digit in rng.sample(list(focus), min(count, len(focus))):
-        items.append(sound_item(digit) if rng.random() < informed
+        items.append(sound_item(digit) if rng.random() < focus_informed
                      else f"{rng.choice(('has', 'omits'))} {digit}")
     while len(items) < count:
         if rng.random() < informed:
