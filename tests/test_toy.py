@@ -216,9 +216,9 @@ def test_the_answer_seeing_cold_start_looks_at_the_digits_its_answers_differ_on(
         assert question.startswith(task.INSTRUCTION) and len(shown) == cfg.num_responses
         contested = task.contested_digits(question, shown)
         first = tokenizer.decode(target[:-1]).splitlines()[0].split("] ")[-1]
+        digit = first.split(" ")[-1]
         # The defaults' teacher gives every contested digit its sound sign.
-        focused += (first.split(" ")[-1] in contested and first == task.sound_item(
-            first.split(" ")[-1])) if contested else 1
+        focused += (digit in contested and first == task.sound_item(digit)) if contested else 1
     assert focused == len(prompts)
 
 

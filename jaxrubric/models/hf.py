@@ -109,10 +109,15 @@ def read_config_json(folder: Path) -> dict:
     config_file = folder / "config.json"
     if not config_file.is_file():
         raise CheckpointError(f"missing file {config_file}")
+    return _read_json(config_file)
+
+
+def _read_json(path: Path) -> dict:
+    """A checkpoint's JSON file; malformed JSON is an error naming the file."""
     try:
-        return json.loads(config_file.read_text())
+        return json.loads(path.read_text())
     except json.JSONDecodeError as err:
-        raise CheckpointError(f"{config_file}: not valid JSON ({err})") from err
+        raise CheckpointError(f"{path}: not valid JSON ({err})") from err
 
 
 def checkpoint_dtype(hf_config: dict) -> str:
@@ -270,11 +275,7 @@ def load_tokenizer(path: str | os.PathLike):
     folder = resolve_checkpoint(path)
     config_file = folder / "tokenizer_config.json"
     if config_file.is_file():
-        try:
-            name = json.loads(config_file.read_text()).get("tokenizer_class")
-        except json.JSONDecodeError as err:
-            raise CheckpointError(f"{config_file}: not valid JSON ({err})") from err
-        if name in GENERIC_TOKENIZER_CLASSES:
+        if _read_json(config_file).get("tokenizer_class") in GENERIC_TOKENIZER_CLASSES:
             from transformers import PreTrainedTokenizerFast
             return PreTrainedTokenizerFast.from_pretrained(str(folder))
     from transformers import AutoTokenizer

@@ -74,7 +74,7 @@ STATIC_RUNS = ("static",)
 
 @dataclasses.dataclass(frozen=True)
 class ToyWorldConfig:
-    """Sizes and budgets of the toy world (the defaults took 4.9 to 5.5 minutes from scratch
+    """Sizes and budgets of the toy world (the defaults took 4.9 to 5.8 minutes from scratch
     on a 2-core box, by the day, in two worker processes, `jaxrubric train`'s default there;
     the world's `timings.json` splits its time by stage)."""
 
@@ -98,9 +98,9 @@ class ToyWorldConfig:
     policy_p_correct: float = 0.3  # warm start: share of correct answers in its targets
     teacher_informed: float = 0.5  # generator cold start: share of sound rubric items
     # Of its items about the contested digits (teacher_focus "contested"): the share with the
-    # sound sign (None: teacher_informed). At 1 the cold start reads its answers both ways:
+    # sound sign (the previous defaults: 0.5). At 1 the cold start reads its answers both ways:
     # "has <big digit>" where one of them drops it, "omits <small digit>" where one keeps it.
-    teacher_focus_informed: float | None = 1.0
+    teacher_focus_informed: float = 1.0
     verifier_steps: int = 300
     verifier_items: int = 12  # labelled criteria per (question, answer) in one tree forward
     # Share of those criteria outside the language (`digits_task.malformed_criterion`,
