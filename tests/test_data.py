@@ -188,18 +188,35 @@ def test_parquet_and_json_array_files(tmp_path):
             ("a", "One"), ("b", "Two")]
 
 
-def test_unreadable_sources_are_named(tmp_path):
+def test_json_lines_under_either_extension(tmp_path):
+    """Many hub exports are JSON lines named .json; blank lines are not rows; one object is
+    one row."""
+    lines = '{"prompt": "One", "id": "a"}\n\n{"prompt": "Two", "id": "b"}\n'
+    for name in ("prompts.jsonl", "prompts.json"):
+        (tmp_path / name).write_text(lines, encoding="utf-8")
+        assert [r.id for r in load_prompts(tmp_path / name).records] == ["a", "b"]
+    single = tmp_path / "single.json"
+    single.write_text('{\n  "prompt": "Only",\n  "id": "c"\n}\n', encoding="utf-8")
+    assert [r.id for r in load_prompts(single).records] == ["c"]
+
+
+@pytest.mark.parametrize("name, text, message", [
+    ("prompts.csv", "prompt\nhi\n", r"prompts\.csv: unsupported file type '\.csv'"),
+    ("broken.jsonl", '{"prompt": "fine"}\n{"prompt": oops}\n',
+     r"broken\.jsonl row 1 \(line 2\): not valid JSON"),
+    ("broken.json", '[{"prompt": "fine"},\n {"prompt": oops}]\n',
+     r"broken\.json line 2: not valid JSON"),
+    ("after_blank.jsonl", '{"prompt": "fine"}\n\n{"prompt": "x", "id": 3.5}\n',
+     r"after_blank\.jsonl row 1: field 'id'"),  # rows are counted without blank lines
+    ("empty.jsonl", "", r"empty\.jsonl: the file is empty"),
+])
+def test_unreadable_sources_are_named(tmp_path, name, text, message):
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(DataError, match=message):
+        load_prompts(path)
+
+
+def test_missing_source_is_named(tmp_path):
     with pytest.raises(DataError, match=r"missing\.jsonl: no such file"):
         load_prompts(tmp_path / "missing.jsonl")
-    csv = tmp_path / "prompts.csv"
-    csv.write_text("prompt\nhi\n")
-    with pytest.raises(DataError, match=r"prompts\.csv: unsupported file type '\.csv'"):
-        load_prompts(csv)
-    broken = tmp_path / "broken.jsonl"
-    broken.write_text('{"prompt": "fine"}\n{"prompt": oops}\n')
-    with pytest.raises(DataError, match=r"broken\.jsonl: cannot be read as a data set: .*row 1"):
-        load_prompts(broken)
-    empty = tmp_path / "empty.jsonl"
-    empty.write_text("")
-    with pytest.raises(DataError, match=r"empty\.jsonl: the file is empty"):
-        load_prompts(empty)

@@ -1,4 +1,5 @@
-"""Data sets: record types, row validation and loaders (via `datasets`)."""
+"""Data sets: record types, row validation and loaders (JSON parsed here; parquet and hub data
+sets via `datasets`)."""
 
 from jaxrubric.data.loaders import Loaded, load_anchors, load_healthbench, load_prompts, read_rows
 from jaxrubric.data.preference import (
