@@ -119,6 +119,13 @@ def test_export_round_trip_through_transformers(tmp_path, tied):
     again = jaxrubric.load_pretrained(out)
     np.testing.assert_allclose(np.asarray(again(jnp.asarray(ids))),
                                np.asarray(ours(jnp.asarray(ids))), atol=1e-6)
+    index = out / "model.safetensors.index.json"
+    index.write_text("{not json")
+    with pytest.raises(CheckpointError, match="index.json: not valid JSON"):
+        jaxrubric.load_pretrained(out)
+    index.write_text("{}")
+    with pytest.raises(CheckpointError, match='index.json: has no "weight_map"'):
+        jaxrubric.load_pretrained(out)
 
 
 def test_bf16_checkpoint_loads_and_stays_close(tmp_path):

@@ -133,7 +133,10 @@ class _TensorReader:
     def __init__(self, folder: Path):
         index_file = folder / "model.safetensors.index.json"
         if index_file.is_file():
-            weight_map = json.loads(index_file.read_text())["weight_map"]
+            weight_map = _read_json(index_file).get("weight_map")
+            if not isinstance(weight_map, dict):
+                raise CheckpointError(f"{index_file}: has no \"weight_map\" object (tensor name "
+                                      "-> shard file)")
         elif (folder / "model.safetensors").is_file():
             weight_map = None
         else:
