@@ -12,7 +12,7 @@ ids). Rows:
   (`jaxrubric.mfu.hbm_bandwidth`). `benchmarks/decode_matmul.py`'s matmul-only loop is fixed
   to its own Llamas (fp32, vocabulary 8192, square attention projections), so it gives no
   ceiling for this shape;
-- **policy GRPO update**: `core.role_update_stage` on the decode rows (prompt + sampled
+- **policy GRPO update**: `methods.update.role_update_stage` on the decode rows (prompt + sampled
   completion, random advantages; each prompt encoded once under its samples, the default
   `round.share_prefix`), beta > 0 so a reference forward runs, one AdamW step; model FLOPs
   `3 x flops.shared_teacher_forced_flops` (+ 1x for the reference forward);
@@ -49,6 +49,7 @@ import jaxrubric
 from jaxrubric import flops, mfu, sampling
 from jaxrubric import sharding as shd
 from jaxrubric.methods import DYNAMIC_RUBRIC, core
+from jaxrubric.methods.update import role_update_stage
 from jaxrubric.plan.models import KNOWN_ARCHITECTURES
 from jaxrubric.roles import ROLES, TRAINED, Role
 from jaxrubric.rubric import verifier as V
@@ -219,7 +220,7 @@ def update_row(setup, state: core.RoundState, frozen: core.Frozen, decoded, work
     p, k = work.prompts, work.samples
     prompt, mask, samples = decoded
     advantages = jax.random.normal(jax.random.key(3), (p, k))
-    update = jax.jit(lambda s, ref, *xs: core.role_update_stage(Role.POLICY, setup, s, None,
+    update = jax.jit(lambda s, ref, *xs: role_update_stage(Role.POLICY, setup, s, None,
                                                                 ref, *xs))
     args = (state.policy, frozen.policy_ref, prompt, mask, samples, advantages,
             jax.random.key(4))

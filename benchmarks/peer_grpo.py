@@ -15,7 +15,7 @@ One tiny random Qwen3 (hidden 256, 4 layers, 8 heads / 4 kv heads of 32, MLP 102
 - **GRPO iteration**: 64 completions x 64 tokens after their 16-token prompts, fixed random
   tokens and advantages (the same arrays in every stack), beta 0.04 with a reference model
   (k3 KL), token-mean loss, one AdamW step (lr 1e-6): the reference forward, the policy's
-  forward and backward, the step. jaxrubric `methods.core.grpo_role_update` (a row per
+  forward and backward, the step. jaxrubric `methods.update.grpo_role_update` (a row per
   completion, the work the peers do; and its default for a prompt's K samples, the prompt
   encoded once). TRL: not `GRPOTrainer.train` (its step samples the completions first) but a
   hand-written loop over the trainer's own pieces on the same tensors: a `GRPOTrainer` built
@@ -61,6 +61,7 @@ from timing import first_and_best
 
 import jaxrubric
 from jaxrubric.methods import core
+from jaxrubric.methods.update import completion_logprobs, grpo_role_update
 from jaxrubric.sampling import generate
 
 QWEN3 = dict(vocab_size=8192, hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
@@ -129,7 +130,7 @@ def jaxrubric_iteration(model: jaxrubric.Decoder, work: Work, repeats: int,
     completion = jnp.asarray(work.completions)
     ones = jnp.ones_like(completion, bool)
     # The rows' own log-probs as the sampler's: ratio 1, as in the peers (num_iterations 1).
-    old = core.completion_logprobs(model, prompt, jnp.ones_like(prompt, bool), completion, NEW)
+    old = completion_logprobs(model, prompt, jnp.ones_like(prompt, bool), completion, NEW)
     inputs = (prompt, jnp.ones_like(prompt, bool), completion, ones, old,
               jnp.asarray(work.advantages))
     if shared:
@@ -139,7 +140,7 @@ def jaxrubric_iteration(model: jaxrubric.Decoder, work: Work, repeats: int,
     optimizer = optax.adamw(LR)
     spec = core.RoleSpec(graph, optimizer, beta=BETA, compiled_out=False)
     cfg = core.RoundConfig(policy_beta=BETA, logprob_chunk=NEW)
-    update = jax.jit(lambda state, ref: core.grpo_role_update(
+    update = jax.jit(lambda state, ref: grpo_role_update(
         cfg, spec, state, None, ref, *inputs, jax.random.key(0))[0], donate_argnums=0)
     trained = jax.tree.map(jnp.copy, params)  # donated: the model's own weights stay
     state = [core.RoleState(trained, optimizer.init(trained))]

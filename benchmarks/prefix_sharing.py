@@ -34,7 +34,7 @@ from verifier import analytic_flops
 
 import jaxrubric
 from jaxrubric import flops
-from jaxrubric.methods import core
+from jaxrubric.methods import core, update
 from jaxrubric.rubric import dense_tree
 from jaxrubric.rubric import verifier as V
 
@@ -73,7 +73,7 @@ def _update(model, prompts: int, prompt_len: int, samples: int, length: int, sha
     opt = optax.adamw(1e-5)
     spec = core.RoleSpec(graph, opt, beta=0.0, compiled_out=False)
     cfg = core.RoundConfig(logprob_chunk=128)
-    step = jax.jit(lambda p, o: core.grpo_role_update(
+    step = jax.jit(lambda p, o: update.grpo_role_update(
         cfg, spec, core.RoleState(p, o), None, None, *inputs, jax.random.key(0))[0])
     return step, (params, opt.init(params))
 

@@ -89,7 +89,7 @@ def sampling_flops(cfg: ModelConfig, *, prompts: int, prompt_len: int, samples: 
 
 def teacher_forced_flops(cfg: ModelConfig, *, rows: int, prompt_len: int,
                          completion_len: int) -> float:
-    """`jaxrubric.methods.core.completion_logprobs`: one causal forward over prompt + completion
+    """`jaxrubric.methods.update.completion_logprobs`: one causal forward over prompt + completion
     per row, projecting the `completion_len` positions that predict the completion."""
     length = prompt_len + completion_len
     return forward_flops(cfg, tokens=rows * length, attention_pairs=rows * length**2 / 2,
@@ -98,7 +98,7 @@ def teacher_forced_flops(cfg: ModelConfig, *, rows: int, prompt_len: int,
 
 def shared_teacher_forced_flops(cfg: ModelConfig, *, prompts: int, prompt_len: int,
                                 samples: int, completion_len: int) -> float:
-    """`jaxrubric.methods.core.shared_completion_logprobs`: per prompt, one causal forward over
+    """`jaxrubric.methods.update.shared_completion_logprobs`: per prompt, one causal forward over
     it and `samples` completions as branches, each attending to the prompt and causally to
     itself; the `completion_len` positions that predict each completion are projected."""
     tokens = prompt_len + samples * completion_len

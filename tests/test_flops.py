@@ -12,7 +12,7 @@ from helpers import TINY_TOKENIZER, abstract_models, build_setup, tiny_model_con
 import jaxrubric
 from jaxrubric import flops
 from jaxrubric import mfu as mfu_lib
-from jaxrubric.methods import DYNAMIC_RUBRIC, GENRUBRIC, core
+from jaxrubric.methods import DYNAMIC_RUBRIC, GENRUBRIC, core, update
 from jaxrubric.methods.core import RoundConfig, RoundDims, Sampling, Update, Verification
 from jaxrubric.roles import ROLES, Role
 from jaxrubric.rubric import dense_tree
@@ -79,7 +79,7 @@ def test_teacher_forced_projects_only_the_completion():
     completion = jnp.zeros((rows, completion_len), jnp.int32)
 
     def logprobs(p, prompt, completion):
-        return core.completion_logprobs(nnx.merge(graph, p), prompt,
+        return update.completion_logprobs(nnx.merge(graph, p), prompt,
                                             jnp.ones_like(prompt, bool), completion,
                                             chunk_size=completion_len)
 
@@ -107,7 +107,7 @@ def test_shared_prefix_forward_computes_what_the_count_says():
     completion = jnp.zeros((prompts, samples, completion_len), jnp.int32)
 
     def logprobs(p, prompt, completion):
-        return core.shared_completion_logprobs(nnx.merge(graph, p), prompt,
+        return update.shared_completion_logprobs(nnx.merge(graph, p), prompt,
                                                jnp.ones_like(prompt, bool), completion,
                                                chunk_size=completion_len)
 

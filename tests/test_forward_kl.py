@@ -12,7 +12,7 @@ import optax
 from flax import nnx
 
 import jaxrubric
-from jaxrubric.methods import core
+from jaxrubric.methods import core, update
 from jaxrubric.rl import grpo
 
 
@@ -74,8 +74,8 @@ def test_the_role_update_weighs_the_forward_kl_of_the_full_distributions():
     ref = jax.tree.map(lambda x: x * 1.05, params)
     cfg = core.RoundConfig(num_updates=1, logprob_chunk=4)
     spec = core.RoleSpec(graph, optax.sgd(0.0), beta=0.2, compiled_out=False, kl="forward")
-    sampler = core.completion_logprobs(model, prompt, prompt_mask, completion, 4)
-    _, metrics = core.grpo_role_update(
+    sampler = update.completion_logprobs(model, prompt, prompt_mask, completion, 4)
+    _, metrics = update.grpo_role_update(
         cfg, spec, core.RoleState(params, spec.optimizer.init(params)), None, ref, prompt,
         prompt_mask, completion, mask, sampler, jnp.zeros(4), jax.random.key(0))
 

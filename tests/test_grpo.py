@@ -443,7 +443,7 @@ def _decoder_update_case(lora: bool = False):
 
     import jaxrubric
     from jaxrubric.methods import core
-    from jaxrubric.methods.core import completion_logprobs
+    from jaxrubric.methods.update import completion_logprobs
     from jaxrubric.models.config import LoraConfig
 
     adapters = LoraConfig(rank=4, dropout=0.3, targets=("q_proj", "down_proj")) if lora else None
@@ -470,7 +470,8 @@ def _decoder_update_case(lora: bool = False):
 
 
 def _decoder_update(aggregation, micro_batches, num_updates=2, lora=False):
-    from jaxrubric.methods.core import RoleSpec, RoleState, RoundConfig, grpo_role_update
+    from jaxrubric.methods.core import RoleSpec, RoleState, RoundConfig
+    from jaxrubric.methods.update import grpo_role_update
 
     graph, params, base, batch = _decoder_update_case(lora)
     cfg = RoundConfig(aggregation=aggregation, num_updates=num_updates, logprob_chunk=2,

@@ -18,7 +18,7 @@ from flax import nnx
 
 import jaxrubric
 from jaxrubric import sharding as shd
-from jaxrubric.methods import core
+from jaxrubric.methods import core, update
 from jaxrubric.models.config import LoraConfig
 from jaxrubric.rl import grpo
 
@@ -42,7 +42,7 @@ def _case(lora: bool):
     lengths = rng.integers(1, N + 1, (B, S))
     lengths[1, 2] = 0  # a sample with no valid token
     mask = jnp.asarray(np.arange(N) < lengths[..., None])
-    sampler = core.shared_completion_logprobs(model, prompt, prompt_mask, completion, 2)
+    sampler = update.shared_completion_logprobs(model, prompt, prompt_mask, completion, 2)
     sampler = sampler + jnp.asarray(rng.normal(0, 0.3, (B, S, N)), jnp.float32)
     advantages = jnp.asarray(rng.normal(size=(B, S, N)), jnp.float32)
     return model, (prompt, prompt_mask, completion, mask, sampler, advantages)
@@ -54,9 +54,9 @@ def _rows(x: jax.Array) -> jax.Array:
 
 def test_shared_log_probs_equal_each_row_on_its_own():
     model, (prompt, prompt_mask, completion, *_) = _case(False)
-    shared, entropy = core.shared_completion_logprobs(model, prompt, prompt_mask, completion, 2,
+    shared, entropy = update.shared_completion_logprobs(model, prompt, prompt_mask, completion, 2,
                                                       return_entropy=True)
-    rows, row_entropy = core.completion_logprobs(
+    rows, row_entropy = update.completion_logprobs(
         model, jnp.repeat(prompt, S, 0), jnp.repeat(prompt_mask, S, 0), _rows(completion), 2,
         return_entropy=True)
     np.testing.assert_allclose(_rows(shared), rows, atol=1e-5)
@@ -85,9 +85,9 @@ def _update(lora: bool, aggregation: str, micro_batches: int, shared: bool, mesh
     else:
         inputs = (jnp.repeat(prompt, S, 0), jnp.repeat(prompt_mask, S, 0), _rows(completion),
                   _rows(mask), _rows(sampler), _rows(advantages))
-    update = jax.jit(lambda p: core.grpo_role_update(
+    step = jax.jit(lambda p: update.grpo_role_update(
         cfg, spec, core.RoleState(p, opt.init(p)), base, ref, *inputs, jax.random.key(0)))
-    return update(params)
+    return step(params)
 
 
 @pytest.mark.parametrize("aggregation, lora, kl", [

@@ -1,5 +1,6 @@
-"""What both methods' rounds share: their config, data types, setup, the GRPO role update, rubric
-writing, verification, the jitted round builders and batch encoding.
+"""What both methods' rounds share: their config, data types, setup, rubric writing,
+verification, the jitted round builders, batch encoding and the stages' shapes (the GRPO role
+updates, which build on these types, are `update.py`).
 
 A round (DESIGN.md section 1) is a pure function `round(setup, state, frozen, batch, rng, run)`
 of typed pytrees, written as stages `run(role, stage, *args)` (`jaxrubric.placement`): jitted
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import functools
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Literal, NamedTuple
 
@@ -29,7 +29,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jaxrubric import microbatch, placement, sampling
+from jaxrubric import placement, sampling
 from jaxrubric.models.transformer import Decoder
 from jaxrubric.rewards.dynamic_rubric import DISC_MODES, GENERATOR_COMBINES
 from jaxrubric.rewards.genrubric import SPREADS
@@ -419,216 +419,6 @@ def init_state(setup: RoundSetup, models: Models) -> RoundState:
         roles[role] = RoleState(params, opt_state)
     return RoundState(roles[Role.POLICY], roles[Role.GENERATOR],
                       jax.device_put(jnp.zeros((), jnp.int32), replicated[Role.POLICY]))
-
-
-# ------------------------------------------------------------------------------ updates
-def completion_hidden(model: Decoder, prompt: jax.Array, prompt_mask: jax.Array,
-                      completion: jax.Array, lora_drop_keys: Any = None) -> jax.Array:
-    """The final hidden states that predict each completion token, `[R, N, D]`.
-
-    Completions `[R, N]` after left-padded prompts `[R, P]`; or S completions `[B, S, N]` of
-    each prompt `[B, P]`, the prompt encoded once (`Decoder.shared_prefix_hidden`; rows
-    `R = B * S`, `lora_drop_keys` then the prompts' `[B]` and completions' `[B, S]`).
-    Positions count real tokens, as in the sampler, so their log-probs equal the sampler's.
-    """
-    if completion.ndim == 3:
-        b, s, n = completion.shape
-        prefix, branches = model.shared_prefix_hidden(prompt, prompt_mask, completion,
-                                                      lora_drop_keys)
-        first = jnp.broadcast_to(prefix[:, None, -1:], (b, s, 1, prefix.shape[-1]))
-        return jnp.concatenate([first, branches[:, :, :-1]], axis=2).reshape(b * s, n, -1)
-    width = prompt.shape[1]
-    tokens = jnp.concatenate([prompt, completion], axis=1)
-    mask = jnp.concatenate([prompt_mask, jnp.ones_like(completion, bool)], axis=1)
-    hidden, _ = model.hidden_states(tokens, attention_mask=mask, lora_drop_keys=lora_drop_keys)
-    return hidden[:, width - 1:-1]
-
-
-def shared_completion_logprobs(model: Decoder, prompt: jax.Array, prompt_mask: jax.Array,
-                               completion: jax.Array, chunk_size: int,
-                               return_entropy: bool = False, lora_drop_keys: Any = None
-                               ) -> jax.Array | tuple[jax.Array, jax.Array]:
-    """`completion_logprobs` of S completions `[B, S, N]` of each left-padded prompt `[B, P]`,
-    the prompt encoded once (`Decoder.shared_prefix_hidden`): `[B, S, N]` (and the entropy).
-    `lora_drop_keys`: the adapters' dropout keys of the prompts `[B]` and completions `[B, S]`.
-    """
-    b, s, n = completion.shape
-    predicting = completion_hidden(model, prompt, prompt_mask, completion, lora_drop_keys)
-    out = grpo.token_logprobs_chunked(predicting, model.logits, completion.reshape(b * s, n),
-                                      chunk_size=chunk_size, return_entropy=return_entropy)
-    if return_entropy:
-        return tuple(x.reshape(b, s, n) for x in out)
-    return out.reshape(b, s, n)
-
-
-def completion_logprobs(model: Decoder, prompt: jax.Array, prompt_mask: jax.Array,
-                        completion: jax.Array, chunk_size: int, return_entropy: bool = False,
-                        lora_drop_keys: jax.Array | None = None
-                        ) -> jax.Array | tuple[jax.Array, jax.Array]:
-    """Teacher-forced `log p(completion)` `[R, N]` after left-padded prompts `[R, P]` (and the
-    per-token entropy of the model's distribution, `[R, N]`).
-
-    Positions count real tokens, as in the sampler, so these equal the sampler's log-probs.
-    The vocabulary projection runs in chunks (never `[R, N, V]` logits whole).
-    `lora_drop_keys [R]`: the adapters' dropout keys (training forwards only).
-    """
-    predicting = completion_hidden(model, prompt, prompt_mask, completion, lora_drop_keys)
-    return grpo.token_logprobs_chunked(predicting, model.logits, completion,
-                                       chunk_size=chunk_size, return_entropy=return_entropy)
-
-
-def grpo_role_update(cfg: RoundConfig, spec: RoleSpec, state: RoleState,
-                     base: nnx.State | None, ref_params: nnx.State | None, prompt: jax.Array,
-                     prompt_mask: jax.Array, completion: jax.Array, completion_mask: jax.Array,
-                     sampler_logp: jax.Array, advantages: jax.Array, rng: jax.Array
-                     ) -> tuple[RoleState, dict[str, jax.Array]]:
-    """One GRPO update (mu optimiser steps) of a role on its own samples (rows `[R, ...]`).
-
-    The rows go through the model in `cfg.update_micro_batches` micro-batches, the reference
-    too (its log-probs, or with `spec.kl == "forward"` its hidden states); each micro-batch's
-    loss is divided by the whole batch's totals, so the summed gradient is the whole batch's.
-
-    `base`: a LoRA role's frozen base weights (`state.params` are then its adapters, the only
-    thing differentiated and stepped); its KL reference is that base with the adapters off
-    (`ref_params` is None). `rng`: the adapters' dropout, a key per row (the same draw with or
-    without micro-batches; the mu steps of one round share it).
-
-    Shared prompts: with `completion [B, S, N]` (and `completion_mask`, `sampler_logp`,
-    `advantages` likewise `[B, S, ...]`) each prompt `[B, P]` is encoded once under its S
-    completions (`shared_completion_logprobs`), and micro-batches split the B prompts. The loss
-    is the rows' loss all the same (`[B * S, ...]`); LoRA dropout then draws one mask per
-    prompt for the prompt's tokens and one per row for its completion's.
-    """
-    n, graph, beta = cfg.update_micro_batches, spec.graph, spec.beta
-    frozen_part = () if base is None else (base,)
-    shared = completion.ndim == 3
-    batch = {"prompt": prompt, "prompt_mask": prompt_mask, "completion": completion,
-             "completion_mask": completion_mask, "sampler_logp": sampler_logp,
-             "advantages": advantages}
-    if base is not None:  # LoRA (the model reads the keys only when its dropout is on)
-        rows = jax.random.split(rng, completion.shape[:2] if shared else completion.shape[0])
-        batch["drop_keys"] = (jax.random.split(jax.random.fold_in(rng, 1), prompt.shape[0]),
-                              rows) if shared else rows
-
-    def hidden(model, b, drop_keys=None):  # [R, N, D], R = B * S when shared
-        return completion_hidden(model, b["prompt"], b["prompt_mask"], b["completion"],
-                                 drop_keys)
-
-    length = completion.shape[-1]
-    forward_kl = beta > 0 and spec.kl == "forward"
-    if beta > 0:
-        reference = (nnx.merge(graph, ref_params) if base is None else
-                     nnx.merge(graph, base, jax.tree.map(jnp.zeros_like, state.params)))
-        if forward_kl:  # its hidden states, for its whole next-token distributions in the loss
-            batch["ref_hidden"] = jax.lax.stop_gradient(microbatch.map_rows(
-                lambda b: hidden(reference, b).reshape(*b["completion"].shape, -1), batch, n))
-        else:
-            batch["ref_logp"] = jax.lax.stop_gradient(microbatch.map_rows(
-                lambda b: grpo.token_logprobs_chunked(
-                    hidden(reference, b), reference.logits,
-                    b["completion"].reshape(-1, length), chunk_size=cfg.logprob_chunk
-                ).reshape(b["completion"].shape), batch, n))
-    totals = None if n == 1 else grpo.batch_totals(completion_mask.reshape(-1, length),
-                                                   cfg.aggregation, max_len=length)
-
-    def loss_fn(p, b):
-        model = nnx.merge(graph, *frozen_part, p)
-        h = hidden(model, b, b.get("drop_keys"))
-        ref = (b["ref_hidden"].reshape(h.shape), reference.logits) if forward_kl else None
-        logp, entropy, *kl = grpo.token_logprobs_chunked(
-            h, model.logits, b["completion"].reshape(-1, length), chunk_size=cfg.logprob_chunk,
-            return_entropy=True, reference=ref)
-        if shared:  # the loss of the rows, as without sharing
-            b = {k: v.reshape(-1, *v.shape[2:]) for k, v in b.items()
-                 if k in ("completion_mask", "sampler_logp", "advantages", "ref_logp")}
-        return grpo.grpo_loss(
-            logp, jax.lax.stop_gradient(b["sampler_logp"]), b["advantages"],
-            b["completion_mask"], ref_logp=b.get("ref_logp"), kl=kl[0] if kl else None,
-            beta=beta,
-            kl_estimator=cfg.kl_estimator, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
-            aggregation=cfg.aggregation, max_len=length,
-            sampler_logp=b["sampler_logp"], entropy=jax.lax.stop_gradient(entropy),
-            totals=totals)
-
-    params, opt_state, metrics = grpo.grpo_update(
-        state.params, state.opt_state, batch, loss_fn, spec.optimizer,
-        num_updates=cfg.num_updates, micro_batches=n)
-    skipped = metrics.pop("skipped").sum()  # non-finite steps, each left the role unchanged
-    last = {k: v[-1] for k, v in metrics.items()}  # the metrics of the last step
-    return RoleState(params, opt_state), {**last, "skipped_updates": skipped}
-
-
-def role_update_stage(role: Role, setup: RoundSetup, state: RoleState, base: nnx.State | None,
-                      ref_params: nnx.State | None, prompt: jax.Array, prompt_mask: jax.Array,
-                      samples: sampling.SampleResult, advantages: jax.Array, rng: jax.Array
-                      ) -> tuple[RoleState, dict[str, jax.Array]]:
-    """GRPO update of `role` on its samples `[B, S, L]`.
-
-    `prompt`/`prompt_mask` are `[B, P]` (one prompt under all S samples, encoded once when
-    `share_prefix` and S > 1, as `Update.shared` counts it) or `[B, S, P]` (a prompt per
-    sample); `advantages` are `[B, S]` or token-level `[B, S, L]`; `base` as in
-    `grpo_role_update`; `rng` the round's (this role's dropout stream is drawn from it).
-    Returns the role's new state and its metrics, prefixed by the role.
-    """
-    rng = jax.random.fold_in(jax.random.fold_in(rng, _UPDATE_STREAM), TRAINED.index(role))
-    b, s = samples.tokens.shape[:2]
-    completion_mask = jnp.arange(samples.tokens.shape[2]) < samples.lengths[..., None]
-    if prompt.ndim == 2 and setup.config.share_prefix and s > 1:  # encoded once for S samples
-        rows_of = lambda x: x  # noqa: E731
-    else:
-        rows = b * s
-        if prompt.ndim == 2:
-            prompt, prompt_mask = (jnp.repeat(x, s, axis=0) for x in (prompt, prompt_mask))
-        else:
-            prompt, prompt_mask = (x.reshape(rows, -1) for x in (prompt, prompt_mask))
-        rows_of = lambda x: x.reshape(rows, *x.shape[2:])  # noqa: E731
-    state, metrics = grpo_role_update(
-        setup.config, setup.roles[role], state, base, ref_params, prompt, prompt_mask,
-        rows_of(samples.tokens), rows_of(completion_mask), rows_of(samples.logprobs),
-        rows_of(advantages), rng)
-    return state, {f"{role}/{k}": v for k, v in metrics.items()}
-
-
-# The updates' random stream, apart from the ones the round's sampling stages draw from `rng`.
-_UPDATE_STREAM = 0x5EED
-
-# Stable stage objects: a sub-mesh placement compiles one program per stage object.
-UPDATE_STAGES = {role: functools.partial(role_update_stage, role) for role in TRAINED}
-
-
-class UpdateInputs(NamedTuple):
-    """What a role's update learns from (see `role_update_stage`)."""
-
-    prompt: jax.Array  # [B, P] or [B, S, P], left-padded
-    prompt_mask: jax.Array
-    samples: sampling.SampleResult  # [B, S, L]
-    advantages: jax.Array  # [B, S] or [B, S, L]
-
-
-def update_roles(setup: RoundSetup, run: placement.Placement, state: RoundState,
-                 frozen: Frozen, inputs: Mapping[Role, UpdateInputs], rng: jax.Array
-                 ) -> tuple[RoundState, dict[str, jax.Array]]:
-    """The round's GRPO updates of the roles this run trains, generator first. Returns the new
-    state (round counter advanced) and the updates' metrics. `rng`: the LoRA dropout's.
-    With `frozen.switches` a role's update runs only where its switch says so (`lax.cond`:
-    the program holds it either way); a skipped one keeps the role and reports zeros."""
-    new = {role: state.role(role) for role in TRAINED}
-    metrics: dict[str, jax.Array] = {}
-    for role in TRAINED:
-        if setup.roles[role].compiled_out:
-            continue
-        args = (state.role(role), frozen.base(role), frozen.reference(role), *inputs[role], rng)
-        if frozen.switches is None:
-            new[role], role_metrics = run(role, UPDATE_STAGES[role], *args, keep=1)
-        else:
-            update = functools.partial(UPDATE_STAGES[role], setup)
-            shapes = jax.eval_shape(update, *args)
-            skip = lambda *a: (a[0], jax.tree.map(  # noqa: E731
-                lambda x: jnp.zeros(x.shape, x.dtype), shapes[1]))
-            new[role], role_metrics = jax.lax.cond(frozen.switches.trains(role), update, skip,
-                                                   *args)
-        metrics.update(role_metrics)
-    return RoundState(new[Role.POLICY], new[Role.GENERATOR], state.round + 1), metrics
 
 
 # ------------------------------------------------------------------------------ rollouts

@@ -25,8 +25,8 @@ from jaxrubric import placement, sampling
 from jaxrubric.methods import core
 from jaxrubric.methods.core import (Anchors, Frozen, PolicyPrompt, Question, Read, RoundBatch,
                                     RoundConfig, RoundDims, RoundResult, RoundSetup,
-                                    RoundShapes, RoundState, Sampling, UpdateInputs,
-                                    Verification)
+                                    RoundShapes, RoundState, Sampling, Verification)
+from jaxrubric.methods.update import UpdateInputs, update_roles
 from jaxrubric.rewards.dynamic_rubric import (dynamic_rubric_rewards, generator_advantages,
                                               preference_pairs)
 from jaxrubric.rl import grpo
@@ -208,7 +208,7 @@ def dynamic_rubric_round(setup: RoundSetup, state: RoundState, frozen: Frozen,
     out = rollout(setup, state, frozen, batch, rng, run)
     # 4. The generator learns from its rubric tokens (advantages within each prompt's G
     # rubrics), the policy from its responses, rewarded by the rubric scores.
-    new_state, update_metrics = core.update_roles(setup, run, state, frozen, {
+    new_state, update_metrics = update_roles(setup, run, state, frozen, {
         Role.GENERATOR: UpdateInputs(out.gen_input.tokens, out.gen_input.mask, out.rubrics,
                                      out.judged.generator_advantages),
         Role.POLICY: UpdateInputs(batch.policy.tokens, batch.policy.mask, out.responses,

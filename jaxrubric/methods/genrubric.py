@@ -38,7 +38,8 @@ from jaxrubric.eval.expert_agreement import ExpertBatch, ExpertRows
 from jaxrubric.methods import core
 from jaxrubric.methods.core import (Frozen, Question, Read, RoundBatch, RoundConfig, RoundDims,
                                     RoundResult, RoundSetup, RoundShapes, RoundState, Sampling,
-                                    UpdateInputs, Verification)
+                                    Verification)
+from jaxrubric.methods.update import UpdateInputs, update_roles
 from jaxrubric.rewards import genrubric as gr
 from jaxrubric.rl import grpo
 from jaxrubric.roles import Role
@@ -103,7 +104,7 @@ def common_noise_rows(batch_size: int, groups: int, n: int) -> jax.Array:
 
 def policy_update_inputs(induced: Induced, advantages: jax.Array, n: int) -> UpdateInputs:
     """The policy's update on its induced responses: each group's prompt `[B G, Lind]` as one
-    row under its N responses `[B G, N, ...]` (`core.role_update_stage` encodes it once with
+    row under its N responses `[B G, N, ...]` (`update.role_update_stage` encodes it once with
     `share_prefix` when N > 1)."""
     b, g = induced.prompt.tokens.shape[:2]
 
@@ -319,7 +320,7 @@ def genrubric_round(setup: RoundSetup, state: RoundState, frozen: Frozen, batch:
                  rng)
     # 4. The generator learns from its rubric tokens with token-level advantages; the policy
     # from the induced responses, advantages over the G responses of a query.
-    new_state, update_metrics = core.update_roles(setup, run, state, frozen, {
+    new_state, update_metrics = update_roles(setup, run, state, frozen, {
         Role.GENERATOR: UpdateInputs(gen_input.tokens, gen_input.mask, rubrics,
                                      judged.credit.token_advantages),
         Role.POLICY: policy_update_inputs(induced, judged.policy_advantages,
