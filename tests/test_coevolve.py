@@ -14,7 +14,7 @@ import jaxrubric
 from jaxrubric import placement
 from jaxrubric.methods import DYNAMIC_RUBRIC, core, dynamic_rubric
 from jaxrubric.methods.core import RoundConfig, RoundResult, RoundState
-from jaxrubric.roles import TRAINED
+from jaxrubric.roles import TRAINED, Role
 
 
 def test_round_updates_both_models_and_compiles_once(round_mesh):
@@ -68,6 +68,13 @@ def test_static_rubrics_and_the_oracle_reward(round_mesh):
         case.state, case.frozen, case.batch, jax.random.key(0))
     np.testing.assert_array_equal(np.asarray(out.judged.policy_reward), np.asarray(out.text_len))
     assert out.rubrics.tokens.shape[:2] == (case.batch.question.tokens.shape[0], 2)
+
+
+def test_entropy_bonus_is_per_role_and_never_negative():
+    config = RoundConfig(generator_entropy=0.05)
+    assert (config.entropy(Role.GENERATOR), config.entropy(Role.POLICY)) == (0.05, 0.0)
+    with pytest.raises(ValueError, match="generator_entropy must be >= 0"):
+        RoundConfig(generator_entropy=-0.1)
 
 
 def test_methods_are_registered_by_name():

@@ -16,7 +16,8 @@ AGGREGATIONS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
 # Jitted alias: one compilation per configuration is cheaper than eager op-by-op dispatch.
 grpo_loss = jax.jit(grpo.grpo_loss, static_argnames=(
-    "beta", "kl_estimator", "eps_low", "eps_high", "dual_clip", "aggregation", "max_len", "mask_truncated"))
+    "beta", "kl_estimator", "eps_low", "eps_high", "dual_clip", "aggregation", "max_len", "mask_truncated",
+    "entropy_coef"))
 
 
 # ------------------------------------------------------------------------------------------
@@ -139,6 +140,32 @@ def test_no_kl_without_reference_or_beta():
     assert "kl" not in m0 and "kl" not in m1
     with_kl, m2 = grpo_loss(logp, old, adv, mask, ref_logp=ref, beta=0.1)
     assert "kl" in m2 and float(with_kl) != float(base)
+
+
+@pytest.mark.parametrize("agg", AGGREGATIONS)
+def test_entropy_bonus_subtracts_the_aggregated_entropy(agg):
+    """`entropy_coef` c: the loss drops by c x the entropy aggregated as the loss is (token-mean:
+    the mean over valid tokens, NumPy), linearly in c, and its gradient reaches the entropy of
+    valid tokens only."""
+    logp, old, ref, adv, mask = make_batch(6)
+    entropy = np.random.default_rng(1).uniform(0, 2, logp.shape).astype(np.float32)
+    truncated = np.array([False, True, False, True])
+    kw = dict(ref_logp=ref, beta=0.05, aggregation=agg, truncated=truncated)
+
+    def loss(e, c):
+        return grpo_loss(logp, old, adv, mask, entropy=e, entropy_coef=c, **kw)[0]
+
+    base, once, twice = (float(loss(entropy, c)) for c in (0.0, 0.1, 0.2))
+    assert once < base
+    np.testing.assert_allclose(twice - base, 2 * (once - base), rtol=1e-4)
+    if agg == "token-mean":
+        np.testing.assert_allclose(base - once, 0.1 * entropy[mask].mean(), rtol=1e-5)
+    grad = np.asarray(jax.grad(loss)(jnp.asarray(entropy), 0.1))
+    assert np.all(grad[~mask] == 0) and np.all(grad[mask] <= 0) and np.any(grad[mask] < 0)
+    with pytest.raises(ValueError, match="entropy_coef must be >= 0"):
+        grpo_loss(logp, old, adv, mask, entropy=entropy, entropy_coef=-0.1)
+    with pytest.raises(ValueError, match="needs the per-token entropy"):
+        grpo_loss(logp, old, adv, mask, entropy_coef=0.1)
 
 
 def test_metrics_match_numpy():

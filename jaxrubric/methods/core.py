@@ -67,6 +67,11 @@ class RoundConfig:
     # sees; it costs the reference's hidden states, kept for the update's steps.
     policy_kl: str = "sampled"
     generator_kl: str = "sampled"
+    # Entropy bonus per role (`grpo.grpo_loss`'s entropy_coef, over the whole vocabulary at
+    # each sampled position): keeps probability on what the role has stopped sampling, which
+    # GRPO, rewarded only for what is sampled, cannot bring back by itself.
+    policy_entropy: float = 0.0
+    generator_entropy: float = 0.0
     eps_low: float = 0.2
     eps_high: float = 0.2
     aggregation: str = "token-mean"
@@ -157,6 +162,9 @@ class RoundConfig:
                 raise ValueError(f"round config: {name} must be >= 1, got {getattr(self, name)}")
         if self.num_responses < 2:
             raise ValueError("round config: num_responses must be >= 2 (GRPO needs a group)")
+        for name in ("policy_entropy", "generator_entropy"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"round config: {name} must be >= 0, got {getattr(self, name)}")
         for name, allowed in OPTIONS.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"round config: {name} {getattr(self, name)!r} is not one of "
@@ -169,6 +177,10 @@ class RoundConfig:
     def kl(self, role: Role) -> str:
         """Which KL the role's beta weighs (`KL_KINDS`)."""
         return self.policy_kl if role == Role.POLICY else self.generator_kl
+
+    def entropy(self, role: Role) -> float:
+        """The entropy bonus of a trained role."""
+        return self.policy_entropy if role == Role.POLICY else self.generator_entropy
 
     def for_evaluation(self) -> RoundConfig:
         """This config as the held-out evaluation runs it (`eval_micro_batches`)."""
@@ -341,6 +353,7 @@ class RoleSpec:
     beta: float = 0.0
     compiled_out: bool = True
     kl: str = "sampled"  # RoundConfig.kl
+    entropy: float = 0.0  # RoundConfig.entropy: the entropy bonus
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -368,7 +381,8 @@ class RoundSetup:
         with another config, `dataclasses.replace(setup, config=...)`, is consistent)."""
         return {role: RoleSpec(self.graphs[role], self.optimizers.get(role),
                                self.config.beta(role) if role in TRAINED else 0.0,
-                               self.config.compiled_out(role), self.config.kl(role))
+                               self.config.compiled_out(role), self.config.kl(role),
+                               self.config.entropy(role) if role in TRAINED else 0.0)
                 for role in Role}
 
     def graph(self, role: Role) -> Any:

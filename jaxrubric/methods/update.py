@@ -147,8 +147,9 @@ def grpo_role_update(cfg: RoundConfig, spec: RoleSpec, state: RoleState,
             beta=beta,
             kl_estimator=cfg.kl_estimator, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
             aggregation=cfg.aggregation, max_len=length,
-            sampler_logp=b["sampler_logp"], entropy=jax.lax.stop_gradient(entropy),
-            totals=totals)
+            sampler_logp=b["sampler_logp"],
+            entropy=entropy if spec.entropy else jax.lax.stop_gradient(entropy),
+            entropy_coef=spec.entropy, totals=totals)
 
     params, opt_state, metrics = grpo.grpo_update(
         state.params, state.opt_state, batch, loss_fn, spec.optimizer,

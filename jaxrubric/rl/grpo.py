@@ -326,6 +326,7 @@ def grpo_loss(
     truncated: Array | None = None,
     mask_truncated: bool = False,
     entropy: Array | None = None,
+    entropy_coef: float = 0.0,
     sampler_logp: Array | None = None,
     totals: BatchTotals | None = None,
 ) -> tuple[Array, dict[str, Array]]:
@@ -344,7 +345,9 @@ def grpo_loss(
     the caller computed, e.g. the full-vocabulary one of `token_logprobs_chunked`). Metrics are
     auxiliary outputs: differentiate `loss` only (e.g. `jax.grad(..., has_aux=True)`). The
     per-token loss is reduced by the registered `aggregation` to (sum, denominator);
-    `loss = sum / denominator`.
+    `loss = sum / denominator`. With `entropy_coef > 0` the per-token loss also subtracts
+    `entropy_coef * entropy` (an entropy bonus: pass the entropy with its gradient), which keeps
+    probability on tokens the policy gradient alone would stop sampling.
 
     On a micro-batch of a larger batch, pass the full batch's `totals` (`batch_totals`): the
     loss and every metric are then this micro-batch's share of the full-batch value, and the
@@ -396,6 +399,12 @@ def grpo_loss(
         kl = jnp.where(valid, kl, 0.0)
         per_token = pg + beta * kl
         metrics["kl"] = token_mean(kl)
+    if entropy_coef != 0.0:
+        if entropy is None:
+            raise ValueError("entropy_coef needs the per-token entropy")
+        if entropy_coef < 0:
+            raise ValueError(f"entropy_coef must be >= 0, got {entropy_coef}")
+        per_token = per_token - entropy_coef * jnp.where(valid, entropy, 0.0)
 
     loss_sum, loss_denom = aggregate_loss(per_token, maskf, aggregation, max_len=max_len)
     pg_sum, _ = aggregate_loss(pg, maskf, aggregation, max_len=max_len)

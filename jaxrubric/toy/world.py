@@ -153,6 +153,9 @@ class ToyWorldConfig:
     generator_kl: str = "sampled"
     # The generators' sampling temperature in every run (RoundConfig.generator_temperature).
     generator_temperature: float = 1.0
+    # The generators' entropy bonus in every run, their own rounds included
+    # (RoundConfig.generator_entropy): against the exploration failure in the README.
+    generator_entropy: float = 0.0
     hidden_size: int = 64
     num_layers: int = 2
     verifier_hidden_size: int = 64
@@ -499,6 +502,7 @@ def run_config(name: str, workdir: Path, paths: dict[str, Path], cfg: ToyWorldCo
     c.round.policy_beta = cfg.policy_beta
     c.round.generator_kl = cfg.generator_kl
     c.round.generator_temperature = cfg.generator_temperature
+    c.round.generator_entropy = cfg.generator_entropy
     c.optim.policy_lr = cfg.policy_lr
     # Which roles train and what rewards the policy are inputs of the compiled round, so the
     # generators' rounds and the compared runs share two programs (dynamic and static rubrics)
