@@ -217,6 +217,14 @@ def test_unreadable_sources_are_named(tmp_path, name, text, message):
         load_prompts(path)
 
 
+def test_a_byte_that_is_not_utf8_is_named_by_row_and_line(tmp_path):
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(b'{"prompt": "fine"}\n\n{"prompt": "caf\xe9"}\n')
+    with pytest.raises(DataError, match=r"latin1\.jsonl row 1 \(line 3\), byte offset 35: "
+                                         r"byte 0xe9 is not UTF-8"):
+        load_prompts(path)
+
+
 def test_missing_source_is_named(tmp_path):
     with pytest.raises(DataError, match=r"missing\.jsonl: no such file"):
         load_prompts(tmp_path / "missing.jsonl")

@@ -47,13 +47,16 @@ class Loaded(Generic[T]):
 
 
 def _decode_utf8(path: Path) -> str:
-    """JSON text must be UTF-8: a stray byte is an error naming its row and offset."""
+    """JSON text must be UTF-8: a stray byte is an error naming its row (counted as
+    `_json_lines` counts them, without blank lines), line and offset."""
     data = path.read_bytes()
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start)
-        where = f"row {line} (line {line + 1})" if path.suffix == ".jsonl" else f"line {line + 1}"
+        before = data[:e.start].split(b"\n")[:-1]  # the whole lines before the bad byte's
+        row = sum(1 for line in before if line.strip())
+        where = (f"row {row} (line {len(before) + 1})" if path.suffix == ".jsonl"
+                 else f"line {len(before) + 1}")
         raise DataError(f"{path} {where}, byte offset {e.start}: byte 0x{data[e.start]:02x} is "
                         "not UTF-8") from None
 
