@@ -78,6 +78,9 @@ def base_config() -> ml_collections.ConfigDict:
         # same architecture, e.g. the SFT model when `path` is an earlier RL run's export.
         # Empty: the weights the role starts from (`path`).
         c[role.value].reference = ""
+    # The checkpoint that writes `round.explorer_rubrics` of each prompt's rubrics (DynamicRubric;
+    # the generator's architecture, e.g. its SFT cold start), loaded frozen.
+    c.generator.explorer = ""
     # data.eval: held-out prompts with anchor lists for the evaluator's Δgap (and, with an
     # oracle, the policy's ground-truth quality), evaluated every `eval_every` rounds on its
     # first `eval_batch_size` rows (0: data.batch_size).
@@ -226,7 +229,8 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ml_collectio
         apply_override(config, override)
     base, leaves = path.parent.resolve(), dict(_leaves(config))
     for key in ("tokenizer", "data.train", "data.eval", "policy.path", "generator.path",
-                "verifier.path", "policy.reference", "generator.reference"):
+                "verifier.path", "policy.reference", "generator.reference",
+                "generator.explorer"):
         value = leaves.get(key)  # absent or not a string: check_config says so
         if isinstance(value, str) and value and not Path(value).is_absolute() and (
                 base / value).exists():
@@ -482,6 +486,15 @@ def check_config(config: ml_collections.ConfigDict) -> None:
         round_config(config)
     except (TypeError, ValueError) as err:
         raise ConfigFileError(f"config.round: {err}") from err
+    if bool(config.round.explorer_rubrics) != bool(config.generator.explorer):
+        raise ConfigFileError(
+            "config.round.explorer_rubrics and config.generator.explorer go together: the "
+            "explorer's checkpoint writes that many of each prompt's rubrics (got "
+            f"{config.round.explorer_rubrics} and {config.generator.explorer!r})")
+    if config.generator.explorer and config.generator.lora.rank:
+        raise ConfigFileError("config.generator.explorer: the explorer shares the generator's "
+                              "model graph, so it needs a fully fine-tuned generator "
+                              "(generator.lora.rank 0)")
     check_submeshes(config)
     try:
         get_method(config.method).check_config(config)

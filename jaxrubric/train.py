@@ -199,11 +199,13 @@ class CoevolveTask:
         switches = None
         if rc.runtime_switches:
             switches = jax.device_put(rc.switches(), NamedSharding(self.mesh, PartitionSpec()))
+        explorer = (self._same_architecture(Role.GENERATOR, "explorer", models[Role.GENERATOR])
+                    if rc.explorer_rubrics else None)
         self.frozen = Frozen(nnx.state(models[Role.VERIFIER], nnx.Param),
                              policy_ref=references[Role.POLICY],
                              generator_ref=references[Role.GENERATOR],
                              policy_base=bases[Role.POLICY], generator_base=bases[Role.GENERATOR],
-                             switches=switches)
+                             switches=switches, generator_explorer=explorer)
         self.models = models
         d = config.data
         self.round_flops = flops.round_flops(
@@ -240,13 +242,18 @@ class CoevolveTask:
     def _reference(self, role: Role, model: Decoder) -> nnx.State:
         """The KL reference of a fully fine-tuned role: `config.<role>.reference`'s weights,
         which must have `model`'s shapes, or (empty) `model`'s own starting weights."""
-        spec = self.config[role]
-        if not spec.reference:
+        if not self.config[role].reference:
             return reference_params(model)
-        other = role_model(ml_collections.ConfigDict({**spec.to_dict(), "path": spec.reference}),
+        return self._same_architecture(role, "reference", model)
+
+    def _same_architecture(self, role: Role, key: str, model: Decoder) -> nnx.State:
+        """The frozen weights of the checkpoint `config.<role>.<key>` names, which must have
+        `model`'s shapes (loaded as the role is, on its mesh)."""
+        spec = self.config[role]
+        other = role_model(ml_collections.ConfigDict({**spec.to_dict(), "path": spec[key]}),
                            len(self.tokenizer), self.tokenizer, self.meshes[role])
         if _param_shapes(other) != _param_shapes(model):
-            raise ValueError(f"config.{role}.reference: {spec.reference} is not the "
+            raise ValueError(f"config.{role}.{key}: {spec[key]} is not the "
                              f"architecture of config.{role}.path ({spec.path or 'random'})")
         return reference_params(other, copy=False)
 

@@ -96,7 +96,8 @@ def test_evaluation_gaps_the_listed_anchor_pairs_under_the_valid_groups():
     scores = jnp.asarray([[[0.2, 1.0], [0.4, 1.0]], [[1.0, 0.0], [0.5, 0.5]]])  # [B, K, G]
     mask = jnp.asarray([[True, True, True, False], [True, True, False, False]])
     judged = dynamic_rubric.Judged(*[None] * len(dynamic_rubric.Judged._fields))._replace(
-        anchor_scores=anchor_scores, group_valid=group_valid, scores=scores)
+        anchor_scores=anchor_scores, group_valid=group_valid, scoring=group_valid,
+        scores=scores)
     strict = jnp.asarray([[1, 2, 3, 4], [1, 2, 3, 4]])
     anchors = dynamic_rubric.Anchors(None, None, mask, strict)
     metrics = jax.device_get(dynamic_rubric.evaluation_stage(None, anchors, judged))
@@ -117,6 +118,7 @@ def test_evaluation_gaps_the_policys_own_answers_ordered_by_the_ground_truth():
     the policy's own answers, pairs ordered by the oracle; and the share ordered right."""
     judged = dynamic_rubric.Judged(*[None] * len(dynamic_rubric.Judged._fields))._replace(
         anchor_scores=jnp.zeros((2, 1, 1)), group_valid=jnp.ones((2, 1), bool),
+        scoring=jnp.ones((2, 1), bool),
         scores=jnp.zeros((2, 3, 1)),
         oracle_reward=jnp.asarray([[1.0, 0.5, 0.5], [0.2, 0.0, 0.9]]),
         rubric_reward=jnp.asarray([[0.8, 0.3, 0.9], [0.5, 0.5, 0.7]]))

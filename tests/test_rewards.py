@@ -465,3 +465,35 @@ def test_clipped_scores_leave_no_gain_in_piling_negative_weight_on_a_light_posit
         gr.group_scores(v, weights, item_valid, clip=clip), valid)) for clip in (False, True)}
     assert spread[False][1] == pytest.approx(10 * spread[False][0])
     assert spread[True][1] == pytest.approx(spread[True][0])
+
+
+def test_item_rewards_are_each_items_rewards_as_a_one_item_rubric():
+    """`item_rewards`: an item's discriminability and anchor ranking equal those of the rubric
+    made of that item alone (weight 1), with a response mask, a short anchor list and tied
+    reference ranks; padding items get 0."""
+    rng = np.random.default_rng(7)
+    b, g, k, m, n = 2, 3, 4, 3, 4
+    v = (rng.uniform(size=(b, g, k, m)) > 0.5).astype(np.float32)
+    av = rng.uniform(size=(b, g, n, m)).astype(np.float32)
+    item_mask = rng.uniform(size=(b, g, m)) > 0.2
+    response_mask = np.array([[1, 1, 1, 0], [1, 1, 1, 1]], bool)
+    anchor_mask = np.array([[1, 1, 1, 0], [1, 1, 1, 1]], bool)
+    ranks = np.array([[1, 2, 2, 4], [1, 2, 3, 4]])
+    disc, anchor = jax.jit(dr.item_rewards)(v, av, item_mask, response_mask=response_mask,
+                                            anchor_mask=anchor_mask, anchor_ranks=ranks)
+    for row in range(b):
+        for group in range(g):
+            for item in range(m):
+                if not item_mask[row, group, item]:
+                    assert disc[row, group, item] == 0 and anchor[row, group, item] == 0
+                    continue
+                _, parts = dr.dynamic_rubric_rewards(
+                    v[row, group, None, :, item, None], np.ones((1, 1)), np.ones((1, 1), bool),
+                    av[row, group, None, :, item], response_mask=response_mask[row],
+                    anchor_mask=anchor_mask[row], anchor_ranks=ranks[row])
+                np.testing.assert_allclose(disc[row, group, item], parts["disc"][0], atol=1e-6)
+                np.testing.assert_allclose(anchor[row, group, item], parts["anchor"][0],
+                                           atol=1e-6)
+    p = v[0, 0, :3, 0].mean()  # row 0 masks its fourth response
+    if item_mask[0, 0, 0]:
+        np.testing.assert_allclose(disc[0, 0, 0], p * (1 - p), atol=1e-6)

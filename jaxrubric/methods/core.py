@@ -72,6 +72,18 @@ class RoundConfig:
     # GRPO, rewarded only for what is sampled, cannot bring back by itself.
     policy_entropy: float = 0.0
     generator_entropy: float = 0.0
+    # DynamicRubric: of the G rubrics per prompt, the last `explorer_rubrics` are written by a
+    # fixed explorer (`config.generator.explorer`, e.g. the generator's SFT cold start). They
+    # are judged and rewarded with the group, and the generator learns from them as from its
+    # own (off-policy: their old log-probs are the generator's own, so the ratio starts at 1,
+    # and no KL term), but they never score the policy. Items the generator has stopped
+    # writing still reach its rewards this way; GRPO on its own samples never sees them again.
+    explorer_rubrics: int = 0
+    # DynamicRubric: item-level credit on the generator's item tokens, this coefficient times
+    # each item's own advantage (`rewards.dynamic_rubric.item_rewards`: its discriminability
+    # and anchor ranking as a one-item rubric, normalised over the prompt's items) added to its
+    # rubric's. A rubric's reward cannot say which of its items earned it.
+    item_credit: float = 0.0
     eps_low: float = 0.2
     eps_high: float = 0.2
     aggregation: str = "token-mean"
@@ -162,7 +174,11 @@ class RoundConfig:
                 raise ValueError(f"round config: {name} must be >= 1, got {getattr(self, name)}")
         if self.num_responses < 2:
             raise ValueError("round config: num_responses must be >= 2 (GRPO needs a group)")
-        for name in ("policy_entropy", "generator_entropy"):
+        if not 0 <= self.explorer_rubrics < self.num_rubrics:
+            raise ValueError(f"round config: explorer_rubrics must be in [0, num_rubrics) (the "
+                             f"generator writes the others), got {self.explorer_rubrics} of "
+                             f"{self.num_rubrics}")
+        for name in ("policy_entropy", "generator_entropy", "item_credit"):
             if getattr(self, name) < 0:
                 raise ValueError(f"round config: {name} must be >= 0, got {getattr(self, name)}")
         for name, allowed in OPTIONS.items():
@@ -301,6 +317,9 @@ class Frozen(NamedTuple):
     policy_base: nnx.State | None = None
     generator_base: nnx.State | None = None
     switches: RunSwitches | None = None
+    # The weights that write `RoundConfig.explorer_rubrics` of each prompt's rubrics (the
+    # generator's architecture, full weights).
+    generator_explorer: nnx.State | None = None
 
     def reference(self, role: Role) -> nnx.State | None:
         return self.policy_ref if role == Role.POLICY else self.generator_ref
@@ -437,14 +456,37 @@ def init_state(setup: RoundSetup, models: Models) -> RoundState:
 
 # ------------------------------------------------------------------------------ rollouts
 def write_rubrics(setup: RoundSetup, generator: Decoder, gen_input: tpl.Packed,
-                  rng: jax.Array) -> tuple[sampling.SampleResult, grammar_lib.ParsedRubric]:
-    """The generator samples G grammar-constrained rubrics per (left-padded) prompt, parsed."""
-    rubrics = sampling.sample(
-        generator, gen_input.tokens, gen_input.mask, gen_input.lengths, rng,
-        num_samples=setup.config.num_rubrics, max_new_tokens=setup.grammar.max_rubric_tokens,
-        temperature=setup.config.generator_temperature, grammar=setup.grammar,
-        micro_batches=setup.config.rollout_micro_batches)
+                  rng: jax.Array, explorer: Decoder | None = None
+                  ) -> tuple[sampling.SampleResult, grammar_lib.ParsedRubric]:
+    """The generator samples G grammar-constrained rubrics per (left-padded) prompt, parsed;
+    with `RoundConfig.explorer_rubrics` m > 0 it samples G - m and `explorer` the last m."""
+    cfg = setup.config
+    explored = cfg.explorer_rubrics
+
+    def write(model: Decoder, count: int, key: jax.Array) -> sampling.SampleResult:
+        return sampling.sample(
+            model, gen_input.tokens, gen_input.mask, gen_input.lengths, key,
+            num_samples=count, max_new_tokens=setup.grammar.max_rubric_tokens,
+            temperature=cfg.generator_temperature, grammar=setup.grammar,
+            micro_batches=cfg.rollout_micro_batches)
+
+    rubrics = write(generator, cfg.num_rubrics - explored, rng)
+    if explored:
+        if explorer is None:
+            raise ValueError("round.explorer_rubrics > 0 needs the explorer's weights "
+                             "(Frozen.generator_explorer)")
+        extra = write(explorer, explored, jax.random.fold_in(rng, _EXPLORER_STREAM))
+        rubrics = jax.tree.map(lambda a, b: jnp.concatenate([a, b], axis=1), rubrics, extra)
     return rubrics, grammar_lib.parse_rubric_tokens(rubrics.tokens, setup.grammar, setup.pad_id)
+
+
+# The explorer's sampling stream, apart from the generator's.
+_EXPLORER_STREAM = 0xE4B1
+
+
+def explorer_groups(config: RoundConfig) -> jax.Array:
+    """`[G]`: True for the rubrics the explorer writes (the last `explorer_rubrics`)."""
+    return jnp.arange(config.num_rubrics) >= config.num_rubrics - config.explorer_rubrics
 
 
 def text_lengths(samples: sampling.SampleResult) -> jax.Array:

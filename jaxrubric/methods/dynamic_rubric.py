@@ -27,8 +27,9 @@ from jaxrubric.methods.core import (Anchors, Frozen, PolicyPrompt, Question, Rea
                                     RoundConfig, RoundDims, RoundResult, RoundSetup,
                                     RoundShapes, RoundState, Sampling, Verification)
 from jaxrubric.methods.update import UpdateInputs, update_roles
+from jaxrubric.rewards import genrubric as gr
 from jaxrubric.rewards.dynamic_rubric import (dynamic_rubric_rewards, generator_advantages,
-                                              preference_pairs)
+                                              item_rewards, preference_pairs)
 from jaxrubric.rl import grpo
 from jaxrubric.roles import TRAINED, Role
 from jaxrubric.rubric import grammar as grammar_lib
@@ -70,13 +71,18 @@ def generator_input(setup: RoundSetup, question: Question, responses: sampling.S
 
 
 def write_stage(setup: RoundSetup, generator_params: nnx.State, question: Question,
-                responses: sampling.SampleResult, text_len: jax.Array, rng: jax.Array
+                responses: sampling.SampleResult, text_len: jax.Array, rng: jax.Array,
+                explorer_params: nnx.State | None = None
                 ) -> tuple[tpl.Packed, sampling.SampleResult, grammar_lib.ParsedRubric]:
     """Stage 2 (generator): it sees the prompt and the whole response set (or, static, the
-    prompt alone) and writes G rubrics, parsed at the token level."""
+    prompt alone) and writes G rubrics, parsed at the token level (the last
+    `explorer_rubrics` of them written by the explorer, shown the same input)."""
     generator = nnx.merge(setup.graph(Role.GENERATOR), generator_params)
+    explorer = (None if explorer_params is None
+                else nnx.merge(setup.graph(Role.GENERATOR), explorer_params))
     gen_input = generator_input(setup, question, responses, text_len)
-    return (gen_input, *core.write_rubrics(setup, generator, gen_input, jax.random.split(rng)[1]))
+    return (gen_input, *core.write_rubrics(setup, generator, gen_input, jax.random.split(rng)[1],
+                                           explorer))
 
 
 class Judged(NamedTuple):
@@ -86,6 +92,7 @@ class Judged(NamedTuple):
     scores: jax.Array  # [B, K, G] rubric scores of the responses
     anchor_scores: jax.Array  # [B, n, G] rubric scores of the anchor answers
     group_valid: jax.Array  # [B, G]
+    scoring: jax.Array  # [B, G] the valid groups that score answers: the generator's own
     generator_reward: jax.Array  # [B, G] J_disc + anchor_weight J_anchor
     discriminability: jax.Array  # [B, G] J_disc
     anchor_reward: jax.Array  # [B, G] J_anchor
@@ -93,6 +100,7 @@ class Judged(NamedTuple):
     policy_reward: jax.Array  # [B, K] rubric_reward, or the oracle's with policy_reward=oracle
     oracle_reward: jax.Array | None  # [B, K] ground truth, when the setup has an oracle
     generator_advantages: jax.Array  # [B, G]
+    item_advantages: jax.Array | None  # [B, G, M] with item_credit (times it), else None
     policy_advantages: jax.Array  # [B, K]
     metrics: dict[str, jax.Array]  # the rollout's scalar summaries
 
@@ -131,11 +139,26 @@ def judge_stage(setup: RoundSetup, verifier_params: nnx.State, question: Questio
         parts["disc"], parts["anchor"], group_valid, lam=cfg.anchor_weight,
         combine=cfg.generator_combine, mode=cfg.advantage_mode)
 
+    item_adv, item_metrics = None, {}
+    if cfg.item_credit:
+        item_mask = parsed.valid & group_valid[..., None]
+        item_disc, item_anchor = item_rewards(
+            verdicts.transpose(0, 2, 1, 3), anchor_verdicts.transpose(0, 2, 1, 3), item_mask,
+            anchor_mask=anchors.mask, anchor_ranks=anchors.ranks)
+        item_adv = cfg.item_credit * (
+            gr.item_advantages(item_disc, item_mask, mode=cfg.advantage_mode)
+            + cfg.anchor_weight * gr.item_advantages(item_anchor, item_mask,
+                                                     mode=cfg.advantage_mode))
+        item_metrics = {"generator/item_discriminability": grpo.masked_mean(item_disc, item_mask),
+                        "generator/item_anchor": grpo.masked_mean(item_anchor, item_mask)}
+    # The explorer's rubrics only teach the generator: the evaluator is the generator's own.
+    explored = core.explorer_groups(cfg)
+    scoring = group_valid & ~explored
     if cfg.policy_score == "best_group":  # the rubric the generator's advantage ranks first
-        best = jnp.argmax(jnp.where(group_valid, gen_advantages, -jnp.inf), axis=-1)
+        best = jnp.argmax(jnp.where(scoring, gen_advantages, -jnp.inf), axis=-1)
         rubric_reward = jnp.take_along_axis(scores, best[:, None, None], axis=2)[..., 0]
     else:
-        rubric_reward = mean_valid_score(scores, group_valid)
+        rubric_reward = mean_valid_score(scores, scoring)
     oracle = (None if setup.oracle_reward is None
               else setup.oracle_reward(responses.tokens, text_len, question))
     if use_oracle is not None and oracle is not None:
@@ -155,10 +178,16 @@ def judge_stage(setup: RoundSetup, verifier_params: nnx.State, question: Questio
         "rubric/tokens": rubrics.lengths.mean(),
         "verifier/yes_rate": grpo.masked_mean(verdicts, parsed.valid[:, None]),
         "tokens/generated": responses.lengths.sum() + rubrics.lengths.sum(),
+        **item_metrics,
     }
-    return Judged(verdicts, scores, anchor_scores, group_valid, gen_reward, parts["disc"],
+    if cfg.explorer_rubrics:  # > 0: the explorer's rubrics beat the generator's own
+        metrics["generator/explorer_advantage"] = grpo.masked_mean(
+            gen_advantages, group_valid & explored)
+        metrics["rubric/explorer_valid_rate"] = grpo.masked_mean(
+            group_valid.astype(jnp.float32), jnp.broadcast_to(explored, group_valid.shape))
+    return Judged(verdicts, scores, anchor_scores, group_valid, scoring, gen_reward, parts["disc"],
                   parts["anchor"], rubric_reward, policy_reward, oracle, gen_advantages,
-                  grpo.group_advantages(policy_reward, mode=cfg.advantage_mode), metrics)
+                  item_adv, grpo.group_advantages(policy_reward, mode=cfg.advantage_mode), metrics)
 
 
 class Rollout(NamedTuple):
@@ -178,11 +207,22 @@ def rollout(setup: RoundSetup, state: RoundState, frozen: Frozen, batch: RoundBa
     weights = {role: core.role_weights(state, frozen, role) for role in TRAINED}
     responses, text_len = run(Role.POLICY, respond_stage, weights[Role.POLICY], batch.policy, rng)
     gen_input, rubrics, parsed = run(Role.GENERATOR, write_stage, weights[Role.GENERATOR],
-                                     batch.question, responses, text_len, rng)
+                                     batch.question, responses, text_len, rng,
+                                     frozen.generator_explorer)
     use_oracle = None if frozen.switches is None else frozen.switches.oracle_reward
     judged = run(Role.VERIFIER, judge_stage, frozen.verifier, batch.question, batch.anchors,
                  responses, text_len, rubrics, parsed, use_oracle)
     return Rollout(responses, text_len, gen_input, rubrics, parsed, judged)
+
+
+def generator_update_advantages(judged: Judged, parsed: grammar_lib.ParsedRubric
+                                ) -> jax.Array:
+    """The generator's advantages: its rubrics' `[B, G]`, or with `item_credit` per token
+    `[B, G, L]`, each item token adding its item's (scaled) advantage."""
+    if judged.item_advantages is None:
+        return judged.generator_advantages
+    return gr.token_level_advantages(judged.generator_advantages, judged.item_advantages,
+                                     parsed.token_item)
 
 
 class Outputs(NamedTuple):
@@ -209,8 +249,11 @@ def dynamic_rubric_round(setup: RoundSetup, state: RoundState, frozen: Frozen,
     # 4. The generator learns from its rubric tokens (advantages within each prompt's G
     # rubrics), the policy from its responses, rewarded by the rubric scores.
     new_state, update_metrics = update_roles(setup, run, state, frozen, {
-        Role.GENERATOR: UpdateInputs(out.gen_input.tokens, out.gen_input.mask, out.rubrics,
-                                     out.judged.generator_advantages),
+        Role.GENERATOR: UpdateInputs(
+            out.gen_input.tokens, out.gen_input.mask, out.rubrics,
+            generator_update_advantages(out.judged, out.parsed),
+            jnp.broadcast_to(core.explorer_groups(setup.config), out.rubrics.lengths.shape)
+            if setup.config.explorer_rubrics else None),
         Role.POLICY: UpdateInputs(batch.policy.tokens, batch.policy.mask, out.responses,
                                   out.judged.policy_advantages),
     }, rng)
@@ -232,12 +275,12 @@ def evaluation_stage(setup: RoundSetup, anchors: Anchors, judged: Judged
                      ) -> dict[str, jax.Array]:
     """The held-out metrics of a judged rollout (see `dynamic_rubric_evaluation`)."""
     del setup
-    scores = mean_valid_score(judged.anchor_scores, judged.group_valid)  # [B, n]
+    scores = mean_valid_score(judged.anchor_scores, judged.scoring)  # [B, n]
     anchor_gap, anchor_accuracy = pair_gaps(scores, preference_pairs(anchors.ranks, anchors.mask))
     metrics = {
         "anchor_delta_gap": anchor_gap,
         "anchor_pair_accuracy": anchor_accuracy,
-        "policy_score": mean_valid_score(judged.scores, judged.group_valid).mean(),
+        "policy_score": mean_valid_score(judged.scores, judged.scoring).mean(),
         "rubric_valid_rate": judged.group_valid.mean(),
     }
     if judged.oracle_reward is not None:

@@ -446,6 +446,10 @@ class GenRubric(core.Method):
             raise ValueError("rubric_source / policy_reward: GenRubric rubrics always come "
                              "from the query alone and reward the policy; keep their defaults "
                              "(and give no oracle)")
+        if config.explorer_rubrics or config.item_credit:
+            raise ValueError("explorer_rubrics / item_credit: DynamicRubric's (GenRubric's "
+                             "item credit is its discriminative_coef and nonredundant_coef); "
+                             "keep 0")
 
     def round(self, setup, state, frozen, batch, rng, run=None):
         return genrubric_round(setup, state, frozen, batch, rng, run)

@@ -80,9 +80,10 @@ def completion_logprobs(model: Decoder, prompt: jax.Array, prompt_mask: jax.Arra
 def grpo_role_update(cfg: RoundConfig, spec: RoleSpec, state: RoleState,
                      base: nnx.State | None, ref_params: nnx.State | None, prompt: jax.Array,
                      prompt_mask: jax.Array, completion: jax.Array, completion_mask: jax.Array,
-                     sampler_logp: jax.Array, advantages: jax.Array, rng: jax.Array
+                     sampler_logp: jax.Array, advantages: jax.Array, rng: jax.Array,
+                     off_policy: jax.Array | None = None
                      ) -> tuple[RoleState, dict[str, jax.Array]]:
-    """One GRPO update (mu optimiser steps) of a role on its own samples (rows `[R, ...]`).
+    """One GRPO update (mu optimiser steps) of a role on its samples (rows `[R, ...]`).
 
     The rows go through the model in `cfg.update_micro_batches` micro-batches, the reference
     too (its log-probs, or with `spec.kl == "forward"` its hidden states); each micro-batch's
@@ -98,6 +99,12 @@ def grpo_role_update(cfg: RoundConfig, spec: RoleSpec, state: RoleState,
     completions (`shared_completion_logprobs`), and micro-batches split the B prompts. The loss
     is the rows' loss all the same (`[B * S, ...]`); LoRA dropout then draws one mask per
     prompt for the prompt's tokens and one per row for its completion's.
+
+    `off_policy` (`[R]`, or `[B, S]` shared; bool): rows another model sampled
+    (`explorer_rubrics`). Their old log-probs are the role's own at each step (ratio 1: the
+    plain policy-gradient step on them, not an importance weight, which would vanish on what
+    the role has stopped writing), and they carry no KL term (its estimate needs the role's
+    own samples).
     """
     n, graph, beta = cfg.update_micro_batches, spec.graph, spec.beta
     frozen_part = () if base is None else (base,)
@@ -105,6 +112,8 @@ def grpo_role_update(cfg: RoundConfig, spec: RoleSpec, state: RoleState,
     batch = {"prompt": prompt, "prompt_mask": prompt_mask, "completion": completion,
              "completion_mask": completion_mask, "sampler_logp": sampler_logp,
              "advantages": advantages}
+    if off_policy is not None:
+        batch["off_policy"] = off_policy
     if base is not None:  # LoRA (the model reads the keys only when its dropout is on)
         rows = jax.random.split(rng, completion.shape[:2] if shared else completion.shape[0])
         batch["drop_keys"] = (jax.random.split(jax.random.fold_in(rng, 1), prompt.shape[0]),
@@ -140,14 +149,21 @@ def grpo_role_update(cfg: RoundConfig, spec: RoleSpec, state: RoleState,
             return_entropy=True, reference=ref)
         if shared:  # the loss of the rows, as without sharing
             b = {k: v.reshape(-1, *v.shape[2:]) for k, v in b.items()
-                 if k in ("completion_mask", "sampler_logp", "advantages", "ref_logp")}
+                 if k in ("completion_mask", "sampler_logp", "advantages", "ref_logp",
+                          "off_policy")}
+        old_logp, ref_logp, kl = b["sampler_logp"], b.get("ref_logp"), kl[0] if kl else None
+        if "off_policy" in b:  # another model's samples: ratio 1, no KL
+            off = b["off_policy"][:, None]
+            own = jax.lax.stop_gradient(logp)
+            old_logp = jnp.where(off, own, old_logp)
+            ref_logp = None if ref_logp is None else jnp.where(off, own, ref_logp)
+            kl = None if kl is None else jnp.where(off, 0.0, kl)
         return grpo.grpo_loss(
-            logp, jax.lax.stop_gradient(b["sampler_logp"]), b["advantages"],
-            b["completion_mask"], ref_logp=b.get("ref_logp"), kl=kl[0] if kl else None,
-            beta=beta,
+            logp, jax.lax.stop_gradient(old_logp), b["advantages"],
+            b["completion_mask"], ref_logp=ref_logp, kl=kl, beta=beta,
             kl_estimator=cfg.kl_estimator, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
             aggregation=cfg.aggregation, max_len=length,
-            sampler_logp=b["sampler_logp"],
+            sampler_logp=old_logp,
             entropy=entropy if spec.entropy else jax.lax.stop_gradient(entropy),
             entropy_coef=spec.entropy, totals=totals)
 
@@ -161,14 +177,16 @@ def grpo_role_update(cfg: RoundConfig, spec: RoleSpec, state: RoleState,
 
 def role_update_stage(role: Role, setup: RoundSetup, state: RoleState, base: nnx.State | None,
                       ref_params: nnx.State | None, prompt: jax.Array, prompt_mask: jax.Array,
-                      samples: sampling.SampleResult, advantages: jax.Array, rng: jax.Array
+                      samples: sampling.SampleResult, advantages: jax.Array, rng: jax.Array,
+                      off_policy: jax.Array | None = None
                       ) -> tuple[RoleState, dict[str, jax.Array]]:
     """GRPO update of `role` on its samples `[B, S, L]`.
 
     `prompt`/`prompt_mask` are `[B, P]` (one prompt under all S samples, encoded once when
     `share_prefix` and S > 1, as `Update.shared` counts it) or `[B, S, P]` (a prompt per
     sample); `advantages` are `[B, S]` or token-level `[B, S, L]`; `base` as in
-    `grpo_role_update`; `rng` the round's (this role's dropout stream is drawn from it).
+    `grpo_role_update`; `rng` the round's (this role's dropout stream is drawn from it);
+    `off_policy` `[B, S]`: samples another model wrote (`grpo_role_update`).
     Returns the role's new state and its metrics, prefixed by the role.
     """
     rng = jax.random.fold_in(jax.random.fold_in(rng, _UPDATE_STREAM), TRAINED.index(role))
@@ -186,7 +204,7 @@ def role_update_stage(role: Role, setup: RoundSetup, state: RoleState, base: nnx
     state, metrics = grpo_role_update(
         setup.config, setup.roles[role], state, base, ref_params, prompt, prompt_mask,
         rows_of(samples.tokens), rows_of(completion_mask), rows_of(samples.logprobs),
-        rows_of(advantages), rng)
+        rows_of(advantages), rng, None if off_policy is None else rows_of(off_policy))
     return state, {f"{role}/{k}": v for k, v in metrics.items()}
 
 
@@ -204,6 +222,7 @@ class UpdateInputs(NamedTuple):
     prompt_mask: jax.Array
     samples: sampling.SampleResult  # [B, S, L]
     advantages: jax.Array  # [B, S] or [B, S, L]
+    off_policy: jax.Array | None = None  # [B, S]: samples another model wrote
 
 
 def update_roles(setup: RoundSetup, run: placement.Placement, state: RoundState,
@@ -218,7 +237,9 @@ def update_roles(setup: RoundSetup, run: placement.Placement, state: RoundState,
     for role in TRAINED:
         if setup.roles[role].compiled_out:
             continue
-        args = (state.role(role), frozen.base(role), frozen.reference(role), *inputs[role], rng)
+        x = inputs[role]
+        args = (state.role(role), frozen.base(role), frozen.reference(role), x.prompt,
+                x.prompt_mask, x.samples, x.advantages, rng, x.off_policy)
         if frozen.switches is None:
             new[role], role_metrics = run(role, UPDATE_STAGES[role], *args, keep=1)
         else:

@@ -181,7 +181,10 @@ def abstract_round(config: ml_collections.ConfigDict, devices: Sequence[jax.Devi
             if rc.needs_reference(r) and bases[r] is None else None for r in TRAINED}
     frozen = core.Frozen(verifier=params[Role.VERIFIER], policy_ref=refs[Role.POLICY],
                          generator_ref=refs[Role.GENERATOR], policy_base=bases[Role.POLICY],
-                         generator_base=bases[Role.GENERATOR])
+                         generator_base=bases[Role.GENERATOR],
+                         generator_explorer=reference(params[Role.GENERATOR],
+                                                      config.generator.dtype)
+                         if rc.explorer_rubrics else None)
     rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated)
     return AbstractRound(method, setup, meshes, state, frozen,
                          abstract_batch(config, tokenizer, policy_mesh), rng,

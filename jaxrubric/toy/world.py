@@ -156,6 +156,13 @@ class ToyWorldConfig:
     # The generators' entropy bonus in every run, their own rounds included
     # (RoundConfig.generator_entropy): against the exploration failure in the README.
     generator_entropy: float = 0.0
+    # Of the G rubrics per prompt, how many the generator's SFT cold start writes in every run
+    # and in the generators' own rounds (RoundConfig.explorer_rubrics): judged and rewarded
+    # with the group, learned from, never scoring the policy (frozen and oracle runs sample
+    # them too, unused, so every run compiles the same program).
+    explorer_rubrics: int = 0
+    # Item-level credit on the generators' item tokens in every run (RoundConfig.item_credit).
+    item_credit: float = 0.0
     hidden_size: int = 64
     num_layers: int = 2
     verifier_hidden_size: int = 64
@@ -503,6 +510,7 @@ def run_config(name: str, workdir: Path, paths: dict[str, Path], cfg: ToyWorldCo
     c.round.generator_kl = cfg.generator_kl
     c.round.generator_temperature = cfg.generator_temperature
     c.round.generator_entropy = cfg.generator_entropy
+    c.round.item_credit = cfg.item_credit
     c.optim.policy_lr = cfg.policy_lr
     # Which roles train and what rewards the policy are inputs of the compiled round, so the
     # generators' rounds and the compared runs share two programs (dynamic and static rubrics)
@@ -512,8 +520,13 @@ def run_config(name: str, workdir: Path, paths: dict[str, Path], cfg: ToyWorldCo
     c.round.eval_micro_batches = max(
         m for m in range(1, max(1, cfg.eval_batch_size // cfg.batch_size) + 1)
         if cfg.eval_batch_size % m == 0)
-    if name in STATIC_RUNS or name == "generator_static":
+    static = name in STATIC_RUNS or name == "generator_static"
+    if static:
         c.round.rubric_source = "static"
+    if cfg.explorer_rubrics:
+        c.round.explorer_rubrics = cfg.explorer_rubrics
+        c.generator.explorer = str(
+            workdir / "models" / ("generator_cold_static" if static else "generator_cold"))
     if name.startswith("generator"):
         c.rounds = cfg.generator_rounds
         c.round.freeze_policy = True
