@@ -101,7 +101,19 @@ def test_the_toy_worlds_graph(tmp_path):
     stages.check_graph(graph)
     after = {s.name: s.after for s in graph}
     assert after["run: static"] == ("generator rounds: static",)
-    assert after["run: coevolve"] == after["run: frozen"] == ("generator rounds",)
+    assert after["run: coevolve"] == after["run: oracle"] == ("generator rounds",)
+    # The stale evaluator: the generator's own rounds continued before the frozen run starts.
+    assert after["run: frozen"] == ("generator rounds: stale",)
+    assert after["generator rounds: stale"] == ("generator rounds",)
+    unstale = world.world_stages(tmp_path, world.ToyWorldConfig(stale_rounds=0))
+    assert {s.name: s.after for s in unstale}["run: frozen"] == ("generator rounds",)
+    models = tmp_path / "models"
+    assert [world.run_generator(tmp_path, world.ToyWorldConfig(), name) for name in
+            ("coevolve", "frozen", "static", "oracle")] == [
+        models / "generator", models / "generator_stale", models / "generator_static",
+        models / "generator"]
+    assert world.run_generator(tmp_path, world.ToyWorldConfig(stale_rounds=0),
+                               "frozen") == models / "generator"
     assert "warm start: generator_cold" in after["generator rounds"]
     no_static = world.world_stages(tmp_path, world.ToyWorldConfig(runs=("coevolve",)))
     assert [s.name for s in no_static] == [
