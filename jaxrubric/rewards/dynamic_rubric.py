@@ -170,19 +170,15 @@ def item_rewards(
     (`round.item_credit`). Verdicts `[..., G, K, M]` of the responses and `[..., G, n, M]` of
     the anchor answers; `item_mask` `[..., G, M]`; the masks and ranks as in
     `dynamic_rubric_rewards`. Returns `(disc, anchor)`, each `[..., G, M]`:
-    `disc = p_m (1 - p_m)` (`discriminability` of the one-item rubric) and `anchor` =
+    `disc = p_m (1 - p_m)` (`discriminability` of each one-item rubric) and `anchor` =
     `anchor_ranking` of the item's verdicts on the anchors (`-log 2` for an item that passes
     or fails them all); 0 for padding items.
     """
     item_mask = jnp.asarray(item_mask, bool)
-    v = jnp.moveaxis(jnp.asarray(verdicts, jnp.float32), -1, -2)  # [..., G, M, K]
-    rm = (jnp.ones(v.shape[-1]) if response_mask is None
-          else jnp.expand_dims(jnp.asarray(response_mask, jnp.float32), (-2, -3)))
-    rm = jnp.broadcast_to(rm, v.shape)
-    p = safe_ratio((v * rm).sum(-1), rm.sum(-1))
-    disc = p * (1.0 - p)
     expand = lambda x: None if x is None else jnp.expand_dims(jnp.asarray(x), (-2, -3))  # noqa: E731
+    one_item = jnp.moveaxis(jnp.asarray(verdicts), -1, -2)[..., None]  # [..., G, M, K, 1]
+    disc = discriminability(one_item, jnp.ones(item_mask.shape + (1,)), item_mask[..., None],
+                            response_mask=expand(response_mask))
     anchor = anchor_ranking(jnp.moveaxis(jnp.asarray(anchor_verdicts, jnp.float32), -1, -2),
                             list_mask=expand(anchor_mask), ranks=expand(anchor_ranks))
-    return jnp.where(item_mask, disc, 0.0), jnp.where(item_mask, anchor, 0.0)
-
+    return disc, jnp.where(item_mask, anchor, 0.0)

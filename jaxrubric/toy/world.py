@@ -77,9 +77,9 @@ STATIC_RUNS = ("static",)
 
 @dataclasses.dataclass(frozen=True)
 class ToyWorldConfig:
-    """Sizes and budgets of the toy world (the defaults took 4 min 39 s from scratch on an idle
-    2-core box, stop 37, in two worker processes, `jaxrubric train`'s default there; the
-    world's `timings.json` splits its time by stage)."""
+    """Sizes and budgets of the toy world (the defaults took 4 min 35 s and 4 min 27 s from
+    scratch on an idle 2-core box, stop 37, in two worker processes, `jaxrubric train`'s
+    default there; the world's `timings.json` splits its time by stage)."""
 
     seed: int = 0
     rounds: int = 60  # co-evolution rounds of each compared run
