@@ -7,7 +7,8 @@ rerun only re-reads) and prints, per seed, the final held-out quality of every r
 standard error (clustered by question), the co-evolving run's lead over the frozen and the
 static run with 95% intervals (±1.96 times the standard error of the difference of two
 independent evaluations), and Δgap on each run's own answers at the last evaluation (the
-paper's mechanism: it stays open under co-evolution and closes under a stale evaluator).
+paper's mechanism: it stays open under co-evolution and closes under a stale evaluator),
+with its standard error clustered by question.
 
 A seed's interval holds the evaluation's noise only (which questions, which sampled answers),
 not the training's: one run per seed is one draw of its rounds' sampling. With several seeds
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import math
 import time
 from pathlib import Path
@@ -27,11 +29,19 @@ from pathlib import Path
 from jaxrubric.toy.world import RUNS, ToyWorldConfig, run_toy_world
 
 
-def lead(summary: dict, a: str, b: str) -> tuple[float, float]:
-    """`a`'s final quality minus `b`'s, and the half-width of its 95% interval."""
-    diff = summary[a][-1] - summary[b][-1]
-    se = math.hypot(summary["quality_se"][a][-1], summary["quality_se"][b][-1])
-    return diff, 1.96 * se
+def lead(summary: dict, a: str, b: str, key: str = "quality") -> tuple[float, float]:
+    """`a`'s final quality (`key` "delta_gap": Δgap) minus `b`'s, and the half-width of its 95%
+    interval (summaries written before Δgap had a standard error: 0)."""
+    values = summary[a] if key == "quality" else summary[key][a]
+    others = summary[b] if key == "quality" else summary[key][b]
+    errors = summary.get(f"{key}_se", {})
+    se = math.hypot(*(errors.get(r, [0.0])[-1] or 0.0 for r in (a, b)))
+    return values[-1] - others[-1], 1.96 * se
+
+
+def gap_cell(summary: dict, run: str) -> str:
+    se = summary.get("delta_gap_se", {}).get(run, [None])[-1]
+    return f"{summary['delta_gap'][run][-1]:.3f}" + (f" ± {se:.3f}" if se is not None else "")
 
 
 def main() -> None:
@@ -59,18 +69,20 @@ def main() -> None:
         quality = [f"{summary[r][-1]:.3f} ± {summary['quality_se'][r][-1]:.3f}" for r in runs]
         leads = [("{:+.3f} ± {:.3f}".format(*lead(summary, "coevolve", other))
                   if other in summary else "-") for other in ("frozen", "static")]
-        gaps = [f"{summary['delta_gap'][r][-1]:.3f}" for r in runs]
+        gaps = [gap_cell(summary, r) for r in runs]
         print(f"| {seed} | " + " | ".join([*quality, *leads, *gaps, f"{seconds / 60:.1f}"])
               + " |")
     if len(rows) > 1:
-        for other in ("frozen", "static"):
+        for key, other in itertools.product(("quality", "delta_gap"), ("frozen", "static")):
             if other in rows[0][1]:
-                diffs = [lead(summary, "coevolve", other)[0] for _, summary, _ in rows]
+                diffs = [lead(summary, "coevolve", other, key)[0] for _, summary, _ in rows]
                 mean = sum(diffs) / len(diffs)
                 se = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1)
                                / len(diffs))
-                print(f"coevolve - {other} over {len(diffs)} seeds: {mean:+.3f} ± {se:.3f} "
-                      "(standard error across seeds: training and evaluation noise)")
+                ahead = sum(d > 0 for d in diffs)
+                print(f"{key}: coevolve - {other} over {len(diffs)} seeds: {mean:+.3f} ± "
+                      f"{se:.3f} (standard error across seeds: training and evaluation noise; "
+                      f"ahead on {ahead})")
 
 
 if __name__ == "__main__":

@@ -128,6 +128,9 @@ def test_evaluation_gaps_the_policys_own_answers_ordered_by_the_ground_truth():
     # tie in score: half right), (2>0) 0.2, (2>1) 0.2.
     assert metrics["delta_gap"] == pytest.approx((0.5 - 0.1 + 0.0 + 0.2 + 0.2) / 5)
     assert metrics["pair_accuracy"] == pytest.approx((1 + 0 + 0.5 + 1 + 1) / 5)
+    # Its standard error clustered by question, by hand: the rows' summed gaps g = 0.4, 0.4
+    # over n = 2, 3 pairs; residuals g - 0.16 n = 0.08, -0.08.
+    assert metrics["delta_gap_se"] == pytest.approx(np.sqrt(2 * 0.08 ** 2) / 5)
     per_question = np.asarray([2 / 3, 1.1 / 3])
     assert metrics["quality"] == pytest.approx(per_question.mean())
     assert metrics["quality_se"] == pytest.approx(per_question.std() / np.sqrt(2))

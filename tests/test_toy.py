@@ -353,6 +353,22 @@ def test_item_signal_reads_which_sound_item_tells_the_answers_apart():
     assert got["has_big_anchor"] > got["omits_small_anchor"]  # `omits 3` puts 387 last
 
 
+def test_aim_counts_items_about_what_the_shown_answers_differ_on():
+    """`diagnostics.aim_of` by hand: prompt `big 3817` and answers that differ only on the 7
+    (contested: 1 of 4 digits, chance 0.25). Of five items one leaves the language; of the
+    four left, `has 7` and `omits 7` name the contested digit (one of them soundly), `has 8`
+    and `omits 3` do not."""
+    from jaxrubric.toy import diagnostics
+
+    rubrics = [[(3.0, "has 7"), (1.0, "has 8")], [(2.0, "omits 7"), (1.0, "omits 3"),
+                                                  (5.0, "] ]")]]
+    got = diagnostics.aim_of([("big 3817", ["87", "8", "87", "8"], rubrics)])
+    assert got == pytest.approx({"in_language": 0.8, "contested": 0.5, "chance": 0.25,
+                                 "sound_contested": 0.5})
+    assert diagnostics.aim_of([]) == {"in_language": 0.0, "contested": 0.0, "chance": 0.0,
+                                      "sound_contested": 0.0}
+
+
 def test_checker_advantages_rank_the_rubric_that_splits_the_answers_and_agrees_with_the_list():
     """`diagnostics.checker_advantages` by hand: of two rubrics for `big 3817` and answers
     that differ only on the 7, `has 7` splits them 2-2 and orders the list as ranked;

@@ -271,6 +271,17 @@ def pair_gaps(scores: jax.Array, better: jax.Array) -> tuple[jax.Array, jax.Arra
     return grpo.masked_mean(gap, better), grpo.masked_mean(agree, better)
 
 
+def clustered_gap_se(scores: jax.Array, better: jax.Array) -> jax.Array:
+    """The standard error of `pair_gaps`' Δgap, clustered by question (a question's pairs
+    share its answers): Δgap = sum_b g_b / sum_b n_b (g_b the b-th question's summed gaps, n_b
+    its pairs), a ratio whose linearised variance is sum_b (g_b - Δgap n_b)^2 / (sum_b n_b)^2."""
+    gap = scores[:, :, None] - scores[:, None, :]
+    weight = better.astype(gap.dtype)
+    g, n = jnp.sum(gap * weight, (1, 2)), jnp.sum(weight, (1, 2))
+    total = jnp.maximum(n.sum(), 1.0)
+    return jnp.sqrt(jnp.sum((g - g.sum() / total * n) ** 2)) / total
+
+
 def evaluation_stage(setup: RoundSetup, anchors: Anchors, judged: Judged
                      ) -> dict[str, jax.Array]:
     """The held-out metrics of a judged rollout (see `dynamic_rubric_evaluation`)."""
@@ -289,6 +300,7 @@ def evaluation_stage(setup: RoundSetup, anchors: Anchors, judged: Judged
         quality = judged.oracle_reward
         better = quality[:, :, None] > quality[:, None, :]
         metrics["delta_gap"], metrics["pair_accuracy"] = pair_gaps(judged.rubric_reward, better)
+        metrics["delta_gap_se"] = clustered_gap_se(judged.rubric_reward, better)
         per_question = quality.mean(-1)
         metrics["quality"] = per_question.mean()
         # Clustered by question: the K answers to one question are not independent samples.
@@ -303,8 +315,8 @@ def dynamic_rubric_evaluation(setup: RoundSetup, state: RoundState, frozen: Froz
     difference of every better-worse pair of anchor answers under this round's rubrics, the
     signal the evaluator gives; ties make no pair) and `anchor_pair_accuracy`, the rubric
     scores of the policy's responses and, when the setup has an oracle, the policy's
-    ground-truth `quality` (with its standard error over questions) and `delta_gap` /
-    `pair_accuracy` on the policy's own answers ordered by that ground truth."""
+    ground-truth `quality` (with its standard error over questions) and `delta_gap` (with
+    `delta_gap_se`) / `pair_accuracy` on the policy's own answers ordered by that ground truth."""
     run = run or placement.colocated(setup)
     out = rollout(setup, state, frozen, batch, rng, run)
     return run(Role.VERIFIER, evaluation_stage, batch.anchors, out.judged)

@@ -4,6 +4,8 @@ README's diagnoses.
 - `verifier_accuracy`: the frozen verifier's accuracy on fresh checker-labelled triples;
 - `mistake_profile` (DynamicRubric world): which mistakes a run's policy makes;
 - `rubric_profile` (DynamicRubric world): which kinds of item a run's generator writes;
+- `generator_aim` (DynamicRubric world): whether a generator writes its items about what
+  its shown answers differ on;
 - `item_signal` (DynamicRubric world): which kinds of sound item the generator's rewards
   would favour on a run's policy's own answers; `item_edit_advantage`: how its advantage
   moves when a `has <big digit>` item is edited into the rubrics its generator writes;
@@ -208,6 +210,71 @@ def rubric_profile(workdir: str | Path, run: str | None = None, *, questions: in
                 kinds[f"{op}_{'big' if big else 'small'}"] += w * (digit in row["prompt"])
                 kinds["contested"] += w * (digit in differ)
     return {name: value / max(total, 1.0) for name, value in kinds.items()}
+
+
+def aim_of(sampled: list[tuple[str, list[str], list[list[tuple[float, str]]]]]
+           ) -> dict[str, float]:
+    """Where rubrics look, per (prompt, shown answers, rubrics written for them): the share of
+    items in the criterion language; of those, the share about a digit the shown answers
+    differ on (``contested``) against the share a digit drawn uniformly from the prompt would
+    give (``chance``), and the share of the contested ones with the sound sign
+    (``sound_contested``). Items are counted, not weighted: this is where the writer aims."""
+    items = in_language = contested = sound = 0
+    chance = 0.0
+    for prompt, shown, rubrics in sampled:
+        differ = set(task.contested_digits(prompt, shown))
+        share = len(differ) / len(task.digits_of(prompt))
+        for _, criterion in (item for rubric in rubrics for item in rubric):
+            items += 1
+            if not task.in_language(criterion):
+                continue
+            in_language += 1
+            chance += share
+            digit = criterion.split(" ")[1]
+            if digit in differ:
+                contested += 1
+                sound += criterion == task.sound_item(digit)
+    return {"in_language": in_language / max(items, 1),
+            "contested": contested / max(in_language, 1),
+            "chance": chance / max(in_language, 1),
+            "sound_contested": sound / max(contested, 1)}
+
+
+def generator_aim(workdir: str | Path, generator: str | Path = "models/generator_cold", *,
+                  questions: int = 128, groups: int = 8, seed: int = 5) -> dict[str, float]:
+    """`aim_of` a saved answer-seeing generator (a path, or one relative to `workdir`) on
+    fresh questions, each shown K answers with a digit or more they differ on (the cold
+    start's teacher answers, `digits_task.policy_warm_start_answer` with "flips"): does it
+    write items about what its shown answers differ on, the only items that can tell them
+    apart? Its SFT teacher puts those first; stop 38 found the 180-step cold start at chance
+    (0.38 of its in-language items contested against 0.57) and half out of the language."""
+    from jaxrubric.rubric.grammar import POSITIVE_WEIGHTS, build_rubric_grammar
+    from jaxrubric.sampling import generate
+
+    workdir = Path(workdir)
+    cfg = json.loads((workdir / "toy_config.json").read_text())
+    tokenizer = jaxrubric.load_tokenizer(workdir / "tokenizer")
+    k, rng = cfg["num_responses"], random.Random(seed)
+    rows = []
+    while len(rows) < questions:
+        prompt, _ = task.make_prompt(rng)
+        shown = [task.policy_warm_start_answer(prompt, rng, cfg["policy_p_correct"], "flips")
+                 for _ in range(k)]
+        if task.contested_digits(prompt, shown):
+            rows.append((prompt, shown))
+    template = tpl.dynamic_rubric_generator_template(tokenizer, k, max_items=cfg["max_items"],
+                                                     style="compact")
+    grammar = build_rubric_grammar(tokenizer, weights=POSITIVE_WEIGHTS,
+                                   max_items=cfg["max_items"],
+                                   max_item_tokens=cfg["max_item_tokens"])
+    rubrics = generate(jaxrubric.load_pretrained(workdir / generator),
+                       [world.template_ids(template, tokenizer, p, *s) for p, s in rows],
+                       max_new_tokens=grammar.max_rubric_tokens, rng=jax.random.key(seed),
+                       num_samples=groups, grammar=grammar, pad_id=tokenizer.pad_token_id)
+    return aim_of([(p, s, [_parse_rubric(tokenizer.decode(ids[:n], skip_special_tokens=True))
+                           for ids, n in zip(tokens, lengths)])
+                   for (p, s), tokens, lengths in zip(rows, np.asarray(rubrics.tokens),
+                                                       np.asarray(rubrics.lengths))])
 
 
 def checker_advantages(rubrics: list[list[tuple[float, str]]], answers: list[str], row: dict,

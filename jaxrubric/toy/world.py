@@ -77,9 +77,9 @@ STATIC_RUNS = ("static",)
 
 @dataclasses.dataclass(frozen=True)
 class ToyWorldConfig:
-    """Sizes and budgets of the toy world (the defaults took 4 min 35 s and 4 min 27 s from
-    scratch on an idle 2-core box, stop 37, in two worker processes, `jaxrubric train`'s
-    default there; the world's `timings.json` splits its time by stage)."""
+    """Sizes and budgets of the toy world (the defaults took 5 min 55 s from scratch on an
+    idle 2-core box, stop 38, in two worker processes, `jaxrubric train`'s default there; the
+    world's `timings.json` splits its time by stage: the generators' warm starts are 38%)."""
 
     seed: int = 0
     rounds: int = 60  # co-evolution rounds of each compared run
@@ -120,9 +120,16 @@ class ToyWorldConfig:
     # in the language.
     verifier_malformed: float = 0.25
     policy_steps: int = 300
-    generator_steps: int = 180  # its loss is flat after ~150 (stop 37; 300 until then)
+    # The generators' warm starts: long enough, at a high enough rate, that the answer-seeing
+    # one writes in the criterion language and aims its items at what its shown answers differ
+    # on (`diagnostics.generator_aim`, seed 0: 180 steps at 1e-3, stop 37's, wrote 51% of its
+    # items in the language and aimed below chance, 0.38 of them on a contested digit against
+    # 0.57; 500 at 3e-3 writes 97.5% and 0.65; 800 at 1e-3 95% and 0.70; 500 at 3e-3 with
+    # batches of 32, 0.55). Aim is the last thing its SFT learns.
+    generator_steps: int = 500
+    generator_sft_lr: float = 3e-3
     sft_batch: int = 64
-    sft_lr: float = 1e-3
+    sft_lr: float = 1e-3  # the verifier's and the policy's warm starts
     policy_lr: float = 1e-4
     generator_lr: float = 5e-4
     # The stale-evaluator setting: the warm-started policy copies too much (it keeps small
@@ -435,17 +442,17 @@ def warm_start(role: str, workdir: Path, tokenizer: Any, mesh, cfg: ToyWorldConf
         model = new_model(tokenizer, mesh, cfg.seed + 1, cfg.hidden_size, cfg.num_layers)
         make = lambda r, n: policy_examples(  # noqa: E731
             tokenizer, r, n, cfg.policy_p_correct, cfg.policy_mistakes)
-        steps = cfg.policy_steps
+        steps, lr = cfg.policy_steps, cfg.sft_lr
     else:  # generator_cold, or generator_cold_static for the static baseline
         model = new_model(tokenizer, mesh, cfg.seed + 2, cfg.hidden_size, cfg.num_layers)
         static = role.endswith("_static")
         make = lambda r, n: generator_examples(tokenizer, r, n, cfg, static)  # noqa: E731
-        steps = cfg.generator_steps
+        steps, lr = cfg.generator_steps, cfg.generator_sft_lr
     print(f"warm start: {role} ({steps} supervised steps)", flush=True)
     if role == "verifier":
         history = train_verifier(model, tokenizer, mesh, cfg, rng, steps)
     else:
-        _, history = sft.train_sft(model, sft_optimizer(cfg.sft_lr, steps),
+        _, history = sft.train_sft(model, sft_optimizer(lr, steps),
                                    sft_batches(tokenizer, make, rng, cfg.sft_batch),
                                    steps=steps, log_every=max(1, steps // 10))
     jaxrubric.save_pretrained(model, out)
@@ -607,7 +614,8 @@ def run_generator(workdir: Path, cfg: ToyWorldConfig, name: str) -> Path:
 
 
 # ---------------------------------------------------------------------------------- result
-CURVES = ("quality", "quality_se", "delta_gap", "pair_accuracy", "anchor_delta_gap")
+CURVES = ("quality", "quality_se", "delta_gap", "delta_gap_se", "pair_accuracy",
+          "anchor_delta_gap")
 
 
 def quality_curves(workdir: Path, runs: tuple[str, ...]) -> dict[str, list[dict[str, float]]]:
