@@ -152,8 +152,6 @@ def _sampled_rubrics(workdir: Path, run: str | None, questions: int, seed: int, 
     the policy of `run` (its latest checkpoint; None: the warm start) and `groups` rubrics its
     generator (None: the generator every run starts from) writes for them, grammar-constrained
     as in a round."""
-    from jaxrubric.rubric.grammar import POSITIVE_WEIGHTS, build_rubric_grammar
-    from jaxrubric.sampling import generate
     from jaxrubric.train import export
 
     cfg = json.loads((workdir / "toy_config.json").read_text())
@@ -164,25 +162,35 @@ def _sampled_rubrics(workdir: Path, run: str | None, questions: int, seed: int, 
         generator_dir = workdir / "exported" / f"{run}_generator"
         if not (generator_dir / "config.json").exists():
             export(workdir / "runs" / run, "generator", generator_dir, oracle=task.oracle_reward)
-    k = cfg["num_responses"]
-    key = jax.random.key(seed)
-    answered = _policy_answers(workdir, run, k, seed, questions)
-    rows, shown_sets = [row for row, _ in answered], [shown for _, shown in answered]
+    answered = _policy_answers(workdir, run, cfg["num_responses"], seed, questions)
+    rubrics = _written_rubrics(generator_dir, tokenizer, cfg,
+                               [(row["prompt"], [] if static else shown)
+                                for row, shown in answered],
+                               groups, jax.random.fold_in(jax.random.key(seed), 1))
+    return cfg, [(row, shown, written) for (row, shown), written in zip(answered, rubrics)]
+
+
+def _written_rubrics(generator_dir: Path, tokenizer, cfg: dict,
+                     shown: list[tuple[str, list[str]]], groups: int, key: jax.Array
+                     ) -> list[list[list[tuple[float, str]]]]:
+    """`groups` rubrics the generator at `generator_dir` writes for each (question, answers it
+    is shown; none for a prompt-only generator), grammar-constrained as in a round, parsed."""
+    from jaxrubric.rubric.grammar import POSITIVE_WEIGHTS, build_rubric_grammar
+    from jaxrubric.sampling import generate
+
     template = tpl.dynamic_rubric_generator_template(
-        tokenizer, 0 if static else k, max_items=cfg["max_items"], style="compact")
-    prompts = [world.template_ids(template, tokenizer, row["prompt"], *([] if static else shown))
-               for row, shown in answered]
+        tokenizer, len(shown[0][1]), max_items=cfg["max_items"], style="compact")
     grammar = build_rubric_grammar(tokenizer, weights=POSITIVE_WEIGHTS,
                                    max_items=cfg["max_items"],
                                    max_item_tokens=cfg["max_item_tokens"])
-    rubrics = generate(jaxrubric.load_pretrained(generator_dir), prompts,
-                       max_new_tokens=grammar.max_rubric_tokens, rng=jax.random.fold_in(key, 1),
-                       num_samples=groups, grammar=grammar, pad_id=tokenizer.pad_token_id)
-    return cfg, [(row, shown, [_parse_rubric(tokenizer.decode(ids[:n], skip_special_tokens=True))
-                               for ids, n in zip(tokens, lengths)])
-                 for row, shown, tokens, lengths in zip(rows, shown_sets,
-                                                        np.asarray(rubrics.tokens),
-                                                        np.asarray(rubrics.lengths))]
+    out = generate(jaxrubric.load_pretrained(generator_dir),
+                   [world.template_ids(template, tokenizer, prompt, *answers)
+                    for prompt, answers in shown],
+                   max_new_tokens=grammar.max_rubric_tokens, rng=key, num_samples=groups,
+                   grammar=grammar, pad_id=tokenizer.pad_token_id)
+    return [[_parse_rubric(tokenizer.decode(ids[:n], skip_special_tokens=True))
+             for ids, n in zip(tokens, lengths)]
+            for tokens, lengths in zip(np.asarray(out.tokens), np.asarray(out.lengths))]
 
 
 def rubric_profile(workdir: str | Path, run: str | None = None, *, questions: int = 64,
@@ -248,33 +256,19 @@ def generator_aim(workdir: str | Path, generator: str | Path = "models/generator
     write items about what its shown answers differ on, the only items that can tell them
     apart? Its SFT teacher puts those first; stop 38 found the 180-step cold start at chance
     (0.38 of its in-language items contested against 0.57) and half out of the language."""
-    from jaxrubric.rubric.grammar import POSITIVE_WEIGHTS, build_rubric_grammar
-    from jaxrubric.sampling import generate
-
     workdir = Path(workdir)
     cfg = json.loads((workdir / "toy_config.json").read_text())
-    tokenizer = jaxrubric.load_tokenizer(workdir / "tokenizer")
-    k, rng = cfg["num_responses"], random.Random(seed)
+    rng = random.Random(seed)
     rows = []
     while len(rows) < questions:
         prompt, _ = task.make_prompt(rng)
         shown = [task.policy_warm_start_answer(prompt, rng, cfg["policy_p_correct"], "flips")
-                 for _ in range(k)]
+                 for _ in range(cfg["num_responses"])]
         if task.contested_digits(prompt, shown):
             rows.append((prompt, shown))
-    template = tpl.dynamic_rubric_generator_template(tokenizer, k, max_items=cfg["max_items"],
-                                                     style="compact")
-    grammar = build_rubric_grammar(tokenizer, weights=POSITIVE_WEIGHTS,
-                                   max_items=cfg["max_items"],
-                                   max_item_tokens=cfg["max_item_tokens"])
-    rubrics = generate(jaxrubric.load_pretrained(workdir / generator),
-                       [world.template_ids(template, tokenizer, p, *s) for p, s in rows],
-                       max_new_tokens=grammar.max_rubric_tokens, rng=jax.random.key(seed),
-                       num_samples=groups, grammar=grammar, pad_id=tokenizer.pad_token_id)
-    return aim_of([(p, s, [_parse_rubric(tokenizer.decode(ids[:n], skip_special_tokens=True))
-                           for ids, n in zip(tokens, lengths)])
-                   for (p, s), tokens, lengths in zip(rows, np.asarray(rubrics.tokens),
-                                                       np.asarray(rubrics.lengths))])
+    rubrics = _written_rubrics(workdir / generator, jaxrubric.load_tokenizer(workdir / "tokenizer"),
+                               cfg, rows, groups, jax.random.key(seed))
+    return aim_of([(prompt, shown, written) for (prompt, shown), written in zip(rows, rubrics)])
 
 
 def checker_advantages(rubrics: list[list[tuple[float, str]]], answers: list[str], row: dict,
