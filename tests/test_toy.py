@@ -369,6 +369,24 @@ def test_aim_counts_items_about_what_the_shown_answers_differ_on():
                                       "sound_contested": 0.0}
 
 
+def test_mistakes_of_names_each_kind_of_mistake():
+    """`diagnostics.mistakes_of` by hand on `big 3817` (big 8 and 7; correct answer 87): the
+    order mistake is the one `task.quality` halves and no `has`/`omits` item sees."""
+    from jaxrubric.toy import diagnostics
+
+    def kinds(answer):
+        return {k for k, v in diagnostics.mistakes_of(answer, "big 3817").items() if v}
+
+    assert kinds("87") == set()
+    assert kinds("8") == {"drops_a_big_digit"}
+    assert kinds("387") == {"keeps_a_small_digit"}
+    assert kinds("78") == kinds("877") == kinds("879") == {"out_of_order"}
+    assert kinds("73") == {"drops_a_big_digit", "keeps_a_small_digit", "out_of_order"}
+    # What the order mistake costs, and the part of quality the language can judge.
+    assert task.quality("78", "big 3817") == 0.5 and task.visible_quality("78", "big 3817") == 1
+    assert task.visible_quality("387", "big 3817") == task.quality("387", "big 3817") == 0.5
+
+
 def test_checker_advantages_rank_the_rubric_that_splits_the_answers_and_agrees_with_the_list():
     """`diagnostics.checker_advantages` by hand: of two rubrics for `big 3817` and answers
     that differ only on the 7, `has 7` splits them 2-2 and orders the list as ranked;

@@ -81,21 +81,31 @@ def _policy_answers(workdir: Path, run: str | None, samples: int, seed: int,
             for row, tokens, lengths in zip(rows, np.asarray(out.tokens), np.asarray(out.lengths))]
 
 
+def mistakes_of(answer: str, prompt: str) -> dict[str, bool]:
+    """Which kinds of mistake one answer makes: a big digit dropped, a small digit kept, and
+    not the prompt's digits in their order (a digit repeated, moved or made up, or anything
+    else in it: `task.quality` halves such an answer, and no `has`/`omits` item can see it)."""
+    digits = task.digits_of(prompt)
+    return {"drops_a_big_digit": any(d > "4" and d not in answer for d in digits),
+            "keeps_a_small_digit": any(d <= "4" and d in answer for d in digits),
+            "out_of_order": answer != "".join(d for d in digits if d in answer)}
+
+
 def mistake_profile(workdir: str | Path, run: str | None = None, *, samples: int = 4,
                     seed: int = 7) -> dict[str, float]:
     """What the policy of `run` (its latest checkpoint; None: the warm start) gets wrong on
-    the held-out questions: its mean quality and the share of its sampled answers that drop a
-    big digit or keep a small one. This is what separates the runs' curves (a stale evaluator
+    the held-out questions: its mean quality, the part of it the criterion language can judge
+    (`task.visible_quality`), and the share of its sampled answers making each kind of
+    mistake of `mistakes_of`. This is what separates the runs' curves (a stale evaluator
     never penalises the mistake the policy learns after its warm start)."""
-    quality, drops_big, keeps_small = [], [], []
+    quality, visible, mistakes = [], [], []
     for row, answers in _policy_answers(Path(workdir), run, samples, seed):
-        digits = task.digits_of(row["prompt"])
         for answer in answers:
             quality.append(task.quality(answer, row["prompt"]))
-            drops_big.append(any(d > "4" and d not in answer for d in digits))
-            keeps_small.append(any(d <= "4" and d in answer for d in digits))
-    return {"quality": float(np.mean(quality)), "drops_a_big_digit": float(np.mean(drops_big)),
-            "keeps_a_small_digit": float(np.mean(keeps_small))}
+            visible.append(task.visible_quality(answer, row["prompt"]))
+            mistakes.append(mistakes_of(answer, row["prompt"]))
+    return {"quality": float(np.mean(quality)), "visible_quality": float(np.mean(visible)),
+            **{kind: float(np.mean([m[kind] for m in mistakes])) for kind in mistakes[0]}}
 
 
 # The sound items of the criterion language: `has` a big digit, `omits` a small one.

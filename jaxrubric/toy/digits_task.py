@@ -91,13 +91,20 @@ def quality(answer: str, prompt: str) -> float:
     when the answer is not the prompt's digits in their order (a digit repeated, moved or made
     up, or anything else in it). The correct answer scores 1, an empty answer or a copy of
     the prompt 0; each mistake costs its share, as each ``has``/``omits`` item does."""
+    in_order = answer == "".join(d for d in digits_of(prompt) if d in answer)
+    return visible_quality(answer, prompt) * (1.0 if in_order else 0.5)
+
+
+def visible_quality(answer: str, prompt: str) -> float:
+    """The part of `quality` the criterion language can judge: (share of the big digits kept)
+    x (share of the small digits dropped), without the order factor (no ``has``/``omits``
+    item can see a digit moved, repeated or made up, or a character that is not a digit)."""
     digits = digits_of(prompt)
     big = [d for d in digits if d > "4"]
     small = [d for d in digits if d <= "4"]
     kept_big = sum(d in answer for d in big) / len(big)
     dropped_small = sum(d not in answer for d in small) / len(small)
-    in_order = answer == "".join(d for d in digits if d in answer)
-    return kept_big * dropped_small * (1.0 if in_order else 0.5)
+    return kept_big * dropped_small
 
 
 def token_quality(responses: jax.Array, response_len: jax.Array, prompt: jax.Array,
