@@ -6,11 +6,12 @@ held-out ground-truth quality: the check that fails when the learning signal bre
 reward of 0, a verifier that says "no" to everything, a generator update that never reaches
 the policy). It must also show the part of DynamicRubric's claim that 10 rounds can show: the
 answer-seeing generator's rubrics keep wider score gaps between the policy's own answers than
-the prompt-only (static) generator's (Δgap, the paper's Eq. 2). Which final quality is higher
-takes the full 60 rounds and several seeds (the README's table); a 10-round world cannot hold
-it. It runs as `jaxrubric train` does, in a process of its own on one CPU device (the suite's
-8 fake devices would only add collectives on a 2-core runner). The notebook then runs in a
-fresh kernel against the same workdir, where every step is cached, so it only re-plots.
+the prompt-only (static) generator's (Δgap, the paper's Eq. 2). Which final quality is higher,
+and whether the stale evaluator's gaps close, take the full 90 rounds and several seeds (the
+README's table); a 10-round world cannot hold them. It runs as `jaxrubric train` does, in a
+process of its own on one CPU device (the suite's 8 fake devices would only add collectives
+on a 2-core runner). The notebook then runs in a fresh kernel against the same workdir, where
+every step is cached, so it only re-plots.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def test_toy_world_quality_rises_and_the_notebook_runs(tmp_path, monkeypatch,
     # generator's at every evaluation, by at least twice the standard error of the difference
     # (the noise of the two evaluations). Stop 38: 0.262 against 0.112 at round 0 and 0.279
     # against 0.104 at round 10, each about 3 times that margin (0.047); over the full
-    # world's five seeds the same difference at round 60 was +0.154 ± 0.026, ahead on all.
+    # world's five seeds the same difference at round 90 was +0.175 ± 0.026, ahead on all.
     gap, gap_se = summary["delta_gap"], summary["delta_gap_se"]
     for i in range(2):
         margin = 2 * np.hypot(gap_se["coevolve"][i], gap_se["static"][i])
