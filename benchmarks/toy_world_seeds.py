@@ -11,7 +11,9 @@ paper's mechanism: it stays open under co-evolution and closes under a stale eva
 with its standard error clustered by question. The ground-truth run's lead over the same
 two baselines is printed beside the co-evolving one's: the most any evaluator could lead by
 in that world, so a seed on which the ceiling itself is level with a baseline cannot show
-co-evolution ahead of it.
+co-evolution ahead of it. A second table gives each run's Δgap at its last evaluation minus
+its first: the saturation the paper names, a change rather than a level, since the stale
+evaluator starts with the wider gaps (it trained longer on the warm start's answers).
 
 A seed's interval holds the evaluation's noise only (which questions, which sampled answers),
 not the training's: one run per seed is one draw of its rounds' sampling. With several seeds
@@ -42,6 +44,15 @@ def lead(summary: dict, a: str, b: str, key: str = "quality") -> tuple[float, fl
     return values[-1] - others[-1], 1.96 * se
 
 
+def gap_change(summary: dict, run: str) -> tuple[float, float]:
+    """`run`'s Δgap at the last evaluation minus at the first (the paper's saturation: an
+    evaluator whose gaps on the policy's own answers close as the policy moves on), and the
+    half-width of its 95% interval (the two evaluations sample independent answers)."""
+    gaps, errors = summary["delta_gap"][run], summary.get("delta_gap_se", {}).get(run)
+    se = math.hypot(errors[0], errors[-1]) if errors else 0.0
+    return gaps[-1] - gaps[0], 1.96 * se
+
+
 def gap_cell(summary: dict, run: str) -> str:
     se = summary.get("delta_gap_se", {}).get(run, [None])[-1]
     return f"{summary['delta_gap'][run][-1]:.3f}" + (f" ± {se:.3f}" if se is not None else "")
@@ -63,6 +74,13 @@ def main() -> None:
     print_report(rows)
 
 
+def mean_and_se(values: list[float]) -> tuple[float, float]:
+    """The mean and its standard error across seeds."""
+    mean = sum(values) / len(values)
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)
+                           / len(values))
+
+
 def print_report(rows: list[tuple[int, dict, float]]) -> None:
     """The seeds table and the across-seed leads, from (seed, summary.json, seconds) rows."""
     runs = [r for r in RUNS if r in rows[0][1]]
@@ -80,13 +98,22 @@ def print_report(rows: list[tuple[int, dict, float]]) -> None:
         gaps = [gap_cell(summary, r) for r in runs]
         print(f"| {seed} | " + " | ".join([*quality, *leads, *gaps, f"{seconds / 60:.1f}"])
               + " |")
+    print("\nΔgap on own answers, last evaluation minus first, with 95% intervals")
+    print("| seed | " + " | ".join(runs) + " |")
+    print("|" + "---|" * (len(runs) + 1))
+    for seed, summary, _ in rows:
+        print(f"| {seed} | " + " | ".join("{:+.3f} ± {:.3f}".format(*gap_change(summary, r))
+                                          for r in runs) + " |")
     if len(rows) > 1:
+        for run in runs:
+            changes = [gap_change(summary, run)[0] for _, summary, _ in rows]
+            mean, se = mean_and_se(changes)
+            print(f"Δgap change of {run} over {len(changes)} seeds: {mean:+.3f} ± {se:.3f} "
+                  f"(standard error across seeds; closed on {sum(c < 0 for c in changes)})")
         for key, (a, b) in itertools.product(("quality", "delta_gap"), pairs):
             if key == "quality" or a == "coevolve":
                 diffs = [lead(summary, a, b, key)[0] for _, summary, _ in rows]
-                mean = sum(diffs) / len(diffs)
-                se = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1)
-                               / len(diffs))
+                mean, se = mean_and_se(diffs)
                 ahead = sum(d > 0 for d in diffs)
                 print(f"{key}: {a} - {b} over {len(diffs)} seeds: {mean:+.3f} ± "
                       f"{se:.3f} (standard error across seeds: training and evaluation noise; "
