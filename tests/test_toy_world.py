@@ -70,7 +70,7 @@ def test_toy_world_quality_rises_and_the_notebook_runs(tmp_path, monkeypatch,
     # generator's at every evaluation, by at least twice the standard error of the difference
     # (the noise of the two evaluations). Stop 38: 0.262 against 0.112 at round 0 and 0.279
     # against 0.104 at round 10, each about 3 times that margin (0.047); over the full
-    # world's five seeds the same difference at round 90 was +0.175 ± 0.026, ahead on all.
+    # world's five seeds the same difference at round 90 was +0.074 ± 0.015, ahead on all.
     gap, gap_se = summary["delta_gap"], summary["delta_gap_se"]
     for i in range(2):
         margin = 2 * np.hypot(gap_se["coevolve"][i], gap_se["static"][i])
