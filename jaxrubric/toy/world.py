@@ -33,7 +33,7 @@ seeds 0-4 at round 90 the co-evolving run's held-out quality is above the frozen
 +0.101 ± 0.053 (standard error across seeds; ahead on all five by 2.6 to 19.9 of their
 evaluation standard errors: the stale evaluator's policy falls after round 30 on four
 seeds) and above the static run's by +0.016 ± 0.006 (ahead on all five, by 2.7-4.0 SE on
-three, level on the two where the static run is level with the ground-truth ceiling). Its
+three, level on seeds 1 and 2; on seed 2 the static run is level with the ceiling). Its
 rubrics separate its policy's own answers by +0.074 ± 0.015 more than the static
 generator's (Δgap) and +0.054 ± 0.037 more than the stale one's. Two settings made that
 measurable: a policy warm start that writes in the task's format (`policy_steps`; at 300
