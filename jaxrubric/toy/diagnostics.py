@@ -88,7 +88,7 @@ def mistakes_of(answer: str, prompt: str) -> dict[str, bool]:
     digits = task.digits_of(prompt)
     return {"drops_a_big_digit": any(d > "4" and d not in answer for d in digits),
             "keeps_a_small_digit": any(d <= "4" and d in answer for d in digits),
-            "out_of_order": answer != "".join(d for d in digits if d in answer)}
+            "out_of_order": not task.in_order(answer, prompt)}
 
 
 def mistake_profile(workdir: str | Path, run: str | None = None, *, samples: int = 4,

@@ -91,8 +91,13 @@ def quality(answer: str, prompt: str) -> float:
     when the answer is not the prompt's digits in their order (a digit repeated, moved or made
     up, or anything else in it). The correct answer scores 1, an empty answer or a copy of
     the prompt 0; each mistake costs its share, as each ``has``/``omits`` item does."""
-    in_order = answer == "".join(d for d in digits_of(prompt) if d in answer)
-    return visible_quality(answer, prompt) * (1.0 if in_order else 0.5)
+    return visible_quality(answer, prompt) * (1.0 if in_order(answer, prompt) else 0.5)
+
+
+def in_order(answer: str, prompt: str) -> bool:
+    """Whether the answer is the prompt's digits in their order and nothing else (no digit
+    repeated, moved or made up, no other character): what `quality` halves when it is not."""
+    return answer == "".join(d for d in digits_of(prompt) if d in answer)
 
 
 def visible_quality(answer: str, prompt: str) -> float:

@@ -298,7 +298,7 @@ def follows(answerer: Any, tokenizer: Any, cfg: GenRubricWorldConfig, n: int = 2
                                                   np.asarray(out.lengths)[:, 0]):
         answer = tokenizer.decode(ids[:length], skip_special_tokens=True)
         digits = task.digits_of(question)
-        in_order.append(answer == "".join(d for d in digits if d in answer))
+        in_order.append(task.in_order(answer, question))
         for digit in digits:
             votes = sr.keep_votes(rubric, digit)
             if votes:
