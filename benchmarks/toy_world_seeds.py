@@ -110,6 +110,14 @@ def print_report(rows: list[tuple[int, dict, float]]) -> None:
             mean, se = mean_and_se(changes)
             print(f"Δgap change of {run} over {len(changes)} seeds: {mean:+.3f} ± {se:.3f} "
                   f"(standard error across seeds; closed on {sum(c < 0 for c in changes)})")
+        for base in ("frozen", "static"):
+            if "coevolve" in runs and base in runs:
+                diffs = [gap_change(summary, "coevolve")[0] - gap_change(summary, base)[0]
+                         for _, summary, _ in rows]
+                mean, se = mean_and_se(diffs)
+                print(f"Δgap change of coevolve minus {base}'s: {mean:+.3f} ± {se:.3f} "
+                      f"(standard error across seeds; coevolve's closed less on "
+                      f"{sum(d > 0 for d in diffs)})")
         for key, (a, b) in itertools.product(("quality", "delta_gap"), pairs):
             if key == "quality" or a == "coevolve":
                 diffs = [lead(summary, a, b, key)[0] for _, summary, _ in rows]

@@ -167,13 +167,38 @@ def test_teacher_rubrics_follow_the_grammar(tokenizer):
             assert "[" + str(int(parsed.weights[i, m])) + "] " + tokenizer.decode(item) == line
 
 
-def test_contested_digits_are_those_some_but_not_all_answers_hold():
-    assert task.contested_digits("big 381729", ["879", "8179", "38179"]) == ["3", "1"]
-    assert task.contested_digits("big 381729", ["879", "879"]) == []
-    assert task.contested_digits("big 381729", []) == []
+def test_contested_symbols_are_those_some_but_not_all_answers_hold():
+    assert task.contested_symbols("big 381729", ["879", "8179", "38179"]) == ["3", "1"]
+    assert task.contested_symbols("big 381729", ["879", "879"]) == []
+    assert task.contested_symbols("big 381729", []) == []
+    # Stray letters come after the digits; a letter every answer holds tells none apart.
+    assert task.contested_symbols("big 381729", ["8x79", "879", "87q9", "8q79"]) == ["q", "x"]
+    assert task.contested_symbols("big 381729", ["8x79", "x879"]) == []
+    assert task.sound_item("x") == "omits x" and task.sound_item("9") == "has 9"
 
 
-def test_a_focused_teacher_writes_its_first_items_about_the_contested_digits():
+def test_stray_letters_are_written_where_asked_and_halve_quality():
+    """`policy_warm_start_answer`'s ``stray`` share: one stray letter, which `quality` halves
+    (the answer is not the prompt's digits in order) and an ``omits`` item sees."""
+    rng = random.Random(0)
+    prompt = "big 381729"
+    answers = [task.policy_warm_start_answer(prompt, rng, 1.0, stray=0.25) for _ in range(2000)]
+    stray = [a for a in answers if a != "879"]
+    assert 0.22 < len(stray) / len(answers) < 0.28
+    for answer in stray:
+        letters = [c for c in answer if c in task.STRAY_LETTERS]
+        assert len(letters) == 1 and answer.replace(letters[0], "") == "879", answer
+        assert task.quality(answer, prompt) == 0.5
+        assert not task.check(f"omits {letters[0]}", answer)
+        assert task.check(f"has {letters[0]}", answer)
+    # Without a stray share the rng stream is the one before stray letters existed.
+    a, b = random.Random(3), random.Random(3)
+    assert ([task.policy_warm_start_answer(prompt, a, 0.3, "keeps_small") for _ in range(50)]
+            == [task.policy_warm_start_answer(prompt, b, 0.3, "keeps_small", 0.0)
+                for _ in range(50)])
+
+
+def test_a_focused_teacher_writes_its_first_items_about_the_contested_symbols():
     rng = random.Random(0)
     signs = []
     for _ in range(300):
@@ -214,7 +239,7 @@ def test_the_answer_seeing_cold_start_looks_at_the_digits_its_answers_differ_on(
     for ids, target in zip(prompts, targets):
         question, *shown = _slot_texts(tokenizer, template, ids)
         assert question.startswith(task.INSTRUCTION) and len(shown) == cfg.num_responses
-        contested = task.contested_digits(question, shown)
+        contested = task.contested_symbols(question, shown)
         first = tokenizer.decode(target[:-1]).splitlines()[0].split("] ")[-1]
         digit = first.split(" ")[-1]
         # The defaults' teacher gives every contested digit its sound sign.
@@ -223,18 +248,24 @@ def test_the_answer_seeing_cold_start_looks_at_the_digits_its_answers_differ_on(
 
 
 def test_verifier_examples_are_balanced_and_labelled_by_the_checker(tokenizer):
-    prompts, targets = world.verifier_examples(tokenizer, random.Random(0), 200)
+    prompts, targets = world.verifier_examples(tokenizer, random.Random(0), 200, stray=0.25)
     yes = tokenizer.encode("yes", add_special_tokens=False)
     assert sum(t == yes for t in targets) == 100
     template = tpl.verifier_template(tokenizer, style="compact")
-    for ids, target in zip(prompts[:40], targets[:40]):
+    letter_verdicts = []
+    for ids, target in zip(prompts, targets):
         text = tokenizer.decode(ids, skip_special_tokens=True)
         question, answer, criterion = (
             text.split("q: ")[1].split("\n")[0], text.split("a: ")[1].split("\n")[0],
-            text.split("c:")[1].split("\n")[0])
+            text.split("c:")[1].split("\n")[0].strip())
         assert task.check(criterion, answer) == (target == yes)
         assert ids[:len(template.segments[0])] == list(template.segments[0])
         assert question.startswith(task.INSTRUCTION)
+        if criterion[-1] in task.STRAY_LETTERS:
+            letter_verdicts.append((criterion.split(" ")[0], target == yes))
+    # Items about stray letters, each word with each verdict: "has x" is sometimes true.
+    assert set(letter_verdicts) == {("has", True), ("has", False), ("omits", True),
+                                    ("omits", False)}
 
 
 @pytest.mark.parametrize("field, value, message", [
@@ -261,7 +292,9 @@ def test_malformed_items_are_outside_the_language_and_never_met():
     outside the criterion language, which the checker never meets."""
     rng = random.Random(0)
     assert task.in_language("has 7") and task.in_language("omits 0")
-    assert not any(task.in_language(c) for c in ("has", "has 7 8", "hs 7", "] ] ] ]", "omits x"))
+    assert task.in_language("omits x") and task.in_language("has a")  # stray letters
+    assert not any(task.in_language(c) for c in ("has", "has 7 8", "hs 7", "] ] ] ]", "omits e",
+                                                  "has y", "omits ]"))
     for _ in range(500):
         prompt = task.anchor_rows(1, rng.randrange(10**6), 3)[0]["prompt"]
         item = task.malformed_criterion(prompt, rng)
@@ -382,6 +415,7 @@ def test_mistakes_of_names_each_kind_of_mistake():
     assert kinds("387") == {"keeps_a_small_digit"}
     assert kinds("78") == kinds("877") == kinds("879") == {"out_of_order"}
     assert kinds("73") == {"drops_a_big_digit", "keeps_a_small_digit", "out_of_order"}
+    assert kinds("8x7") == {"writes_a_letter", "out_of_order"}
     # What the order mistake costs, and the part of quality the language can judge.
     assert task.quality("78", "big 3817") == 0.5 and task.visible_quality("78", "big 3817") == 1
     assert task.visible_quality("387", "big 3817") == task.quality("387", "big 3817") == 0.5

@@ -31,10 +31,10 @@ from jaxrubric.toy import diagnostics, world
 # With the old defaults' verifier (never shown a malformed item) and no generator KL, this short
 # world's generator learned junk items the verifier says yes to (33% in the language after 10
 # rounds) and the policy's held-out quality stayed flat (0.495 -> 0.508).
-# Its verifier is the GenRubric world's (300 steps): the suite trains it once for both tests.
+# Its verifier is the GenRubric world's (450 steps): the suite trains it once for both tests.
 # The frozen run's generator trains as long as the co-evolving one (stale_rounds = rounds).
 SHORT = world.ToyWorldConfig(rounds=10, generator_rounds=10, stale_rounds=10, eval_every=10,
-                             eval_batch_size=128, verifier_steps=300, policy_steps=250)
+                             eval_batch_size=128, policy_steps=250)
 NOTEBOOK = Path(__file__).parent.parent / "colab" / "quickstart.ipynb"
 
 
@@ -61,16 +61,16 @@ def test_toy_world_quality_rises_and_the_notebook_runs(tmp_path, monkeypatch,
     assert summary["rounds"] == [0, SHORT.rounds]
     assert all(len(summary[run]) == 2 for run in world.RUNS)
     # 128 held-out questions x 4 answers per evaluation (standard error 0.014, 0.02 for the
-    # difference of two): this short run rose by 0.22 (0.504 -> 0.723, stop 38), about 7
+    # difference of two): this short run rose by 0.23 (0.460 -> 0.690, stop 40), about 8
     # standard errors above the 0.08 asked.
     assert quality[1] - quality[0] >= 0.08, quality
     # Δgap on each run's own answers, with its standard error clustered by question: the
     # answer-seeing generator's rubrics (co-evolving; at round 0 the generator every run but
     # the static one starts from) separate the policy's answers further than the prompt-only
     # generator's at every evaluation, by at least twice the standard error of the difference
-    # (the noise of the two evaluations). Stop 38: 0.262 against 0.112 at round 0 and 0.279
-    # against 0.104 at round 10, each about 3 times that margin (0.047); over the full
-    # world's five seeds the same difference at round 90 was +0.074 ± 0.015, ahead on all.
+    # (the noise of the two evaluations). Stop 40: 0.176 against 0.114 at round 0 and 0.160
+    # against 0.099 at round 10, each about 1.6 times that margin (0.035, 0.040); over the
+    # full world's five seeds the same difference at round 90 was +0.073 ± 0.019, ahead on all.
     gap, gap_se = summary["delta_gap"], summary["delta_gap_se"]
     for i in range(2):
         margin = 2 * np.hypot(gap_se["coevolve"][i], gap_se["static"][i])

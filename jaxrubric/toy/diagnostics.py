@@ -35,14 +35,16 @@ from jaxrubric.toy import world
 
 
 def verifier_accuracy(workdir: str | Path, n: int = 512, seed: int = 1234,
-                      malformed: bool = False) -> float:
+                      malformed: bool = False, stray: float = 0.0) -> float:
     """Held-out accuracy of the saved verifier on fresh checker-labelled triples (a check that
     its warm start worked; the round reads the same yes/no probabilities); `malformed`: on
-    criteria outside the language (accuracy = the share it says "no" to)."""
+    criteria outside the language (accuracy = the share it says "no" to); `stray`: that share
+    of the answers with a stray letter and of the criteria about one."""
     workdir = Path(workdir)
     tokenizer = jaxrubric.load_tokenizer(workdir / "tokenizer")
     model = jaxrubric.load_pretrained(workdir / "models" / "verifier")
-    prompts, targets = world.verifier_examples(tokenizer, random.Random(seed), n, malformed)
+    prompts, targets = world.verifier_examples(tokenizer, random.Random(seed), n, malformed,
+                                                stray)
     template = tpl.verifier_template(tokenizer, style="compact")
     from jaxrubric.rubric.verifier import verifier_readout, yes_probability
     readout = verifier_readout(tokenizer, template)
@@ -82,12 +84,14 @@ def _policy_answers(workdir: Path, run: str | None, samples: int, seed: int,
 
 
 def mistakes_of(answer: str, prompt: str) -> dict[str, bool]:
-    """Which kinds of mistake one answer makes: a big digit dropped, a small digit kept, and
-    not the prompt's digits in their order (a digit repeated, moved or made up, or anything
-    else in it: `task.quality` halves such an answer, and no `has`/`omits` item can see it)."""
+    """Which kinds of mistake one answer makes: a big digit dropped, a small digit kept, a
+    stray letter written, and not the prompt's digits in their order (a digit repeated, moved
+    or made up, or anything else in it: `task.quality` halves such an answer; an ``omits``
+    item can see a stray letter, no item the rest)."""
     digits = task.digits_of(prompt)
     return {"drops_a_big_digit": any(d > "4" and d not in answer for d in digits),
             "keeps_a_small_digit": any(d <= "4" and d in answer for d in digits),
+            "writes_a_letter": any(c in task.STRAY_LETTERS for c in answer),
             "out_of_order": not task.in_order(answer, prompt)}
 
 
@@ -210,23 +214,26 @@ def rubric_profile(workdir: str | Path, run: str | None = None, *, questions: in
     None), grammar-constrained as in a round: the weighted share of its items inside the
     criterion language, and of those that catch each kind of mistake (``has`` a big digit:
     one dropped; ``omits`` a small digit: one kept) or reward one (``has`` small, ``omits``
-    big), and of those about a digit the answers it is shown differ on ("contested": the only
-    items that can tell them apart). A generator whose items leave the language is exploiting
-    the verifier."""
+    big; ``omits`` a stray letter: one written, ``has`` one: rewards it), and of those about
+    a digit or letter the answers it is shown differ on ("contested": the only items that can
+    tell them apart). A generator whose items leave the language is exploiting the verifier."""
     _, sampled = _sampled_rubrics(Path(workdir), run, questions, seed, groups=8)
     kinds = dict.fromkeys(("in_language", "has_big", "omits_small", "has_small", "omits_big",
-                           "contested"), 0.0)
+                           "omits_letter", "has_letter", "contested"), 0.0)
     total = 0.0
     for row, shown, rubrics in sampled:
-        differ = task.contested_digits(row["prompt"], shown)
+        differ = task.contested_symbols(row["prompt"], shown)
         for w, criterion in (item for rubric in rubrics for item in rubric):
             total += w
             if task.in_language(criterion):
                 kinds["in_language"] += w
-                op, digit = criterion.split(" ")
-                big = digit > "4"
-                kinds[f"{op}_{'big' if big else 'small'}"] += w * (digit in row["prompt"])
-                kinds["contested"] += w * (digit in differ)
+                op, symbol = criterion.split(" ")
+                if symbol in task.STRAY_LETTERS:
+                    kinds[f"{op}_letter"] += w
+                else:
+                    size = "big" if symbol > "4" else "small"
+                    kinds[f"{op}_{size}"] += w * (symbol in task.digits_of(row["prompt"]))
+                kinds["contested"] += w * (symbol in differ)
     return {name: value / max(total, 1.0) for name, value in kinds.items()}
 
 
@@ -240,7 +247,7 @@ def aim_of(sampled: list[tuple[str, list[str], list[list[tuple[float, str]]]]]
     items = in_language = contested = sound = 0
     chance = 0.0
     for prompt, shown, rubrics in sampled:
-        differ = set(task.contested_digits(prompt, shown))
+        differ = set(task.contested_symbols(prompt, shown))
         share = len(differ) / len(task.digits_of(prompt))
         for _, criterion in (item for rubric in rubrics for item in rubric):
             items += 1
@@ -274,7 +281,7 @@ def generator_aim(workdir: str | Path, generator: str | Path = "models/generator
         prompt, _ = task.make_prompt(rng)
         shown = [task.policy_warm_start_answer(prompt, rng, cfg["policy_p_correct"], "flips")
                  for _ in range(cfg["num_responses"])]
-        if task.contested_digits(prompt, shown):
+        if task.contested_symbols(prompt, shown):
             rows.append((prompt, shown))
     rubrics = _written_rubrics(workdir / generator, jaxrubric.load_tokenizer(workdir / "tokenizer"),
                                cfg, rows, groups, jax.random.key(seed))
@@ -318,7 +325,8 @@ def item_edit_advantage(workdir: str | Path, run: str, *, questions: int = 128,
     _, sampled = _sampled_rubrics(Path(workdir), run, questions, seed, groups=cfg["num_rubrics"])
     changes: dict[str, list[float]] = {"has": [], "omits": []}
     for row, shown, rubrics in sampled:
-        big = [d for d in task.contested_digits(row["prompt"], shown) if d > "4"]
+        big = [d for d in task.contested_symbols(row["prompt"], shown)
+               if d in task.DIGITS and d > "4"]
         if not big:
             continue
         base = checker_advantages(rubrics, shown, row, cfg["max_items"])

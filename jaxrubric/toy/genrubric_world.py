@@ -102,7 +102,7 @@ class GenRubricWorldConfig:
     # training draws of seeds 0-2 (README).
     # Before the temperature, KL and 12 groups below, 0.5 drifted away from sound items.
     teacher_informed: float = 0.5
-    verifier_steps: int = 300
+    verifier_steps: int = 450  # the DynamicRubric world's (one verifier for both)
     verifier_malformed: float = 0.25  # share of malformed criteria in the verifier's data
     # The answerer trains in stages of `answerer_steps` (each a warm-up and cosine decay of
     # `answerer_lr`) until it follows at least `answerer_follows` of the digits a fresh rubric

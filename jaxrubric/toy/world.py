@@ -26,23 +26,24 @@ apart are "omits <small digit>", and that is what the generator's own rounds sha
 digit>" items pass every answer: no discriminability reward). Rewarded for dropping digits,
 the policy can start dropping big ones too. The frozen generator keeps writing the items of
 the old mistakes; a co-evolving generator should find the items that now separate the answers
-(discriminability) in the direction the anchor lists rank (anchor reward).
+(discriminability) in the direction the anchor lists rank (anchor reward). Why a static one
+should fall behind: the policy also writes stray letters, and which letter only its answers
+show; a generator that sees the prompt alone cannot write "omits <that letter>".
 
 What the defaults are measured to do (issue 12; the README's toy section has the tables): over
-seeds 0-4 at round 90 the co-evolving run's held-out quality is above the frozen run's by
-+0.101 ± 0.053 (standard error across seeds; ahead on all five by 2.6 to 19.9 of their
-evaluation standard errors: the stale evaluator's policy falls after round 30 on four
-seeds) and above the static run's by +0.016 ± 0.006 (ahead on all five, by 2.7-4.0 SE on
-three, level on seeds 1 and 2; on seed 2 the static run is level with the ceiling). Its
-rubrics separate its policy's own answers by +0.074 ± 0.015 more than the static
-generator's (Δgap) and +0.054 ± 0.037 more than the stale one's. Two settings made that
-measurable: a policy warm start that writes in the task's format (`policy_steps`; at 300
-steps its answers were mostly out of order or held junk characters, a mistake no rubric
-item can see, which drifted under every learned evaluator), and runs long enough for the
-stale evaluator to fall behind (`rounds`). Co-evolution starts after 10 generator rounds:
-40 wore down the items the co-evolving generator later needs (`has <big digit>`, the check
-on the mistake the policy makes next). The generators' warm starts are long enough to aim
-(`generator_steps`).
+seeds 0-4 at round 90 the co-evolving run's held-out quality is above the static run's by
++0.256 ± 0.170 (standard error across seeds; ahead on all five by at least 2.9 of their
+evaluation standard errors: the prompt-only generator cannot name the stray letter a policy
+writes, and on two seeds its policy learned to answer less) and above the frozen run's by
++0.019 ± 0.006 (ahead on all five, by 2 standard errors on two). The stale evaluator's gaps
+between its policy's own answers (Δgap) close by 0.082 ± 0.024 more than the co-evolving
+one's over the 90 rounds, on all five seeds. What made that measurable: a mistake the prompt
+does not foretell (stray letters, `policy_stray`; without one the static run was level with
+the ceiling), a policy warm start that writes in the task's format (`policy_steps`), runs long
+enough for the stale evaluator to fall behind (`rounds`), and generator warm starts long
+enough to aim (`generator_steps`). Co-evolution starts after 10 generator rounds: 40 wore
+down the items the co-evolving generator later needs (`has <big digit>`, the check on the
+mistake the policy makes next).
 
 Every step writes into `workdir` and is skipped when its output is already there, so a rerun
 resumes (warm starts and finished runs are cached; an interrupted run resumes from its
@@ -89,10 +90,11 @@ class ToyWorldConfig:
     world's `timings.json` splits its time by stage: the generators' warm starts are 33%)."""
 
     seed: int = 0
-    # Co-evolution rounds of each compared run. Staleness takes time to show: the frozen
-    # run's policy falls after round 60 on seeds 0 and 1 (README); with stop 38's policy warm
-    # start the stale evaluator's gaps were level with the co-evolving one's at round 60 on
-    # three seeds of five and below them on all five by round 90.
+    # Co-evolution rounds of each compared run. Staleness takes time to show: in stop 39's
+    # world (no stray letters) the frozen run's policy fell after round 30 on four seeds of
+    # five; with stop 38's policy warm start the stale evaluator's gaps were level with the
+    # co-evolving one's at round 60 on three seeds of five and below them on all five by
+    # round 90 (docs/toy_world_history.md).
     rounds: int = 90
     # The generators' rounds against the warm-started policy before the compared runs start.
     generator_rounds: int = 10
@@ -121,7 +123,10 @@ class ToyWorldConfig:
     # sound sign (the previous defaults: 0.5). At 1 the cold start reads its answers both ways:
     # "has <big digit>" where one of them drops it, "omits <small digit>" where one keeps it.
     teacher_focus_informed: float = 1.0
-    verifier_steps: int = 300
+    # 450: at 300 (stop 39's) a verifier trained with stray letters judged items about them
+    # at 0.73 accuracy (seed 0, answers all holding a letter; `diagnostics.
+    # verifier_accuracy`); at 450, 0.99 (and 0.998 on the digits' items).
+    verifier_steps: int = 450
     verifier_items: int = 12  # labelled criteria per (question, answer) in one tree forward
     # Share of those criteria outside the language (`digits_task.malformed_criterion`,
     # labelled "no" as the checker labels them). A verifier that never saw one judges the
@@ -130,6 +135,11 @@ class ToyWorldConfig:
     # sampler seed 0's wrote 0% of its items in the language). At 0.25 its items stay 80-92%
     # in the language.
     verifier_malformed: float = 0.25
+    # Share of the verifier's training answers with a stray letter (`digits_task.
+    # with_stray_letter`), and of its valid criteria about a letter (`stray_criterion`): so it
+    # judges "omits x" as it judges the digits' items. At 0.25 (an item about a letter the
+    # answer holds: 3% of its items) it judged them at 0.55 accuracy after 300 steps.
+    verifier_stray: float = 0.5
     # The policy's warm start: long enough that it writes answers in the task's format. At
     # 300 steps (its loss still falling, 0.81) 65% of its sampled answers were out of order or
     # held a character that is not a digit (`diagnostics.mistake_profile`, seed 0), a mistake
@@ -138,6 +148,12 @@ class ToyWorldConfig:
     # the mistake the world is built on: it keeps small digits (69%), seldom drops a big one
     # (1.6%).
     policy_steps: int = 1000
+    # Share of the policy's warm-start targets (and of the answers the answer-seeing
+    # generator's cold start is shown) with a stray letter: a mistake of 21 kinds that the
+    # prompt does not foretell and the answers show. Without one (stop 39) every mistake of
+    # the world could be listed from the prompt, and the prompt-only evaluator's run was level
+    # with the ground truth's (seed 2: 0.981 against 0.984, README).
+    policy_stray: float = 0.25
     # The generators' warm starts: long enough, at a high enough rate, that the answer-seeing
     # one writes in the criterion language and aims its items at what its shown answers differ
     # on (`diagnostics.generator_aim`, seed 0: 180 steps at 1e-3, stop 37's, wrote 51% of its
@@ -157,7 +173,7 @@ class ToyWorldConfig:
     policy_mistakes: str = "keeps_small"  # digits_task.policy_warm_start_answer
     teacher_sound: str = "both"  # digits_task.sound_criterion kinds of the cold start
     # Where the answer-seeing generator's cold-start items look: "contested" (first the digits
-    # its shown answers differ on, `digits_task.contested_digits`) or "prompt" (any digit).
+    # its shown answers differ on, `digits_task.contested_symbols`) or "prompt" (any digit).
     teacher_focus: str = "contested"
     # The mistakes of the answers the cold start shows it (`digits_task.POLICY_MISTAKES`):
     # those of the warm-started policy ("keeps_small"), or "flips" (any digit, so the
@@ -277,24 +293,36 @@ def policy_prompt(tokenizer: Any, question: str) -> list[int]:
     return text_ids(tokenizer, chat)
 
 
-def verifier_examples(tokenizer: Any, rng: random.Random, n: int, malformed: bool = False
-                      ) -> tuple[list, list]:
+def verifier_examples(tokenizer: Any, rng: random.Random, n: int, malformed: bool = False,
+                      stray: float = 0.0) -> tuple[list, list]:
     """(prompt ids, [yes or no id]) pairs labelled by the checker, half of each label
-    (`malformed`: criteria outside the language instead, every one "no")."""
+    (`malformed`: criteria outside the language instead, every one "no"; `stray`: the share
+    of answers with a stray letter and of criteria about a letter)."""
     template = tpl.verifier_template(tokenizer, style="compact")
     yes, no = text_ids(tokenizer, "yes"), text_ids(tokenizer, "no")
     prompts, targets, wanted = [], [], not malformed
     while len(prompts) < n:
         question, _ = task.make_prompt(rng)
-        answer = task.noisy_answer(question, rng)
+        answer = _verifier_answer(question, rng, stray)
         criterion = (task.malformed_criterion(question, rng) if malformed
-                     else task.random_criterion(question, rng))
+                     else _verifier_criterion(question, answer, rng, stray))
         if task.check(criterion, answer) != wanted:
             continue
         prompts.append(template_ids(template, tokenizer, question, answer, criterion))
         targets.append(yes if wanted else no)
         wanted = not wanted and not malformed
     return prompts, targets
+
+
+def _verifier_answer(question: str, rng: random.Random, stray: float) -> str:
+    answer = task.noisy_answer(question, rng)
+    return task.with_stray_letter(answer, rng) if stray and rng.random() < stray else answer
+
+
+def _verifier_criterion(question: str, answer: str, rng: random.Random, stray: float) -> str:
+    if stray and rng.random() < stray:
+        return task.stray_criterion(answer, rng)
+    return task.random_criterion(question, rng)
 
 
 def verifier_batch(tokenizer: Any, rng: random.Random, rows: int, items: int,
@@ -313,7 +341,7 @@ def verifier_batch(tokenizer: Any, rng: random.Random, rows: int, items: int,
            "labels": np.zeros((rows, 1, 1, items), np.float32)}
     for r in range(rows):
         question, _ = task.make_prompt(rng)
-        answer = task.noisy_answer(question, rng)
+        answer = _verifier_answer(question, rng, cfg.verifier_stray)
         prefix = template_ids(head, tokenizer, question, answer)
         out["prefix"][r, 0, :len(prefix)] = prefix
         out["prefix_len"][r, 0] = len(prefix)
@@ -321,7 +349,7 @@ def verifier_batch(tokenizer: Any, rng: random.Random, rows: int, items: int,
             while True:
                 malformed = cfg.verifier_malformed and rng.random() < cfg.verifier_malformed
                 criterion = (task.malformed_criterion(question, rng) if malformed
-                             else task.random_criterion(question, rng))
+                             else _verifier_criterion(question, answer, rng, cfg.verifier_stray))
                 ids = text_ids(tokenizer, criterion)
                 if len(ids) <= cfg.max_item_tokens:
                     break
@@ -371,12 +399,12 @@ def train_verifier(model, tokenizer: Any, mesh, cfg: ToyWorldConfig, rng: random
 
 
 def policy_examples(tokenizer: Any, rng: random.Random, n: int, p_correct: float,
-                    mistakes: str) -> tuple[list, list]:
+                    mistakes: str, stray: float = 0.0) -> tuple[list, list]:
     prompts, targets = [], []
     for _ in range(n):
         question, _ = task.make_prompt(rng)
         prompts.append(policy_prompt(tokenizer, question))
-        answer = task.policy_warm_start_answer(question, rng, p_correct, mistakes)
+        answer = task.policy_warm_start_answer(question, rng, p_correct, mistakes, stray)
         targets.append(text_ids(tokenizer, answer) + [tokenizer.eos_token_id])
     return prompts, targets
 
@@ -392,10 +420,10 @@ def generator_examples(tokenizer: Any, rng: random.Random, n: int, cfg: ToyWorld
     for _ in range(n):
         question, _ = task.make_prompt(rng)
         shown = [task.policy_warm_start_answer(question, rng, cfg.policy_p_correct,
-                                               cfg.teacher_mistakes)
+                                               cfg.teacher_mistakes, cfg.policy_stray)
                  for _ in range(shown_count)]
         prompts.append(template_ids(template, tokenizer, question, *shown))
-        focus = task.contested_digits(question, shown) if cfg.teacher_focus == "contested" else ()
+        focus = task.contested_symbols(question, shown) if cfg.teacher_focus == "contested" else ()
         rubric = task.teacher_rubric(question, rng, cfg.max_items, cfg.teacher_informed,
                                      cfg.teacher_sound, focus, cfg.teacher_focus_informed)
         targets.append(text_ids(tokenizer, rubric) + [tokenizer.eos_token_id])
@@ -435,8 +463,8 @@ def sft_optimizer(lr: float, steps: int) -> optax.GradientTransformation:
 # train the same verifier (the GenRubric world trains the DynamicRubric world's; the toy-world
 # tests train it once for both).
 VERIFIER_SETTINGS = ("seed", "max_item_tokens", "verifier_steps", "verifier_items",
-                     "verifier_malformed", "verifier_hidden_size", "verifier_layers", "sft_batch",
-                     "sft_lr")
+                     "verifier_malformed", "verifier_stray", "verifier_hidden_size",
+                     "verifier_layers", "sft_batch", "sft_lr")
 
 
 def verifier_settings(cfg: ToyWorldConfig) -> ToyWorldConfig:
@@ -459,7 +487,7 @@ def warm_start(role: str, workdir: Path, tokenizer: Any, mesh, cfg: ToyWorldConf
     elif role == "policy":
         model = new_model(tokenizer, mesh, cfg.seed + 1, cfg.hidden_size, cfg.num_layers)
         make = lambda r, n: policy_examples(  # noqa: E731
-            tokenizer, r, n, cfg.policy_p_correct, cfg.policy_mistakes)
+            tokenizer, r, n, cfg.policy_p_correct, cfg.policy_mistakes, cfg.policy_stray)
         steps, lr = cfg.policy_steps, cfg.sft_lr
     else:  # generator_cold, or generator_cold_static for the static baseline
         model = new_model(tokenizer, mesh, cfg.seed + 2, cfg.hidden_size, cfg.num_layers)
