@@ -85,8 +85,8 @@ STATIC_RUNS = ("static",)
 
 @dataclasses.dataclass(frozen=True)
 class ToyWorldConfig:
-    """Sizes and budgets of the toy world (the defaults took 6 min 54 s from scratch on an
-    idle 2-core box, stop 39, in two worker processes, `jaxrubric train`'s default there; the
+    """Sizes and budgets of the toy world (the defaults took 6 min 55 s from scratch on an
+    idle 2-core box, stop 40, in two worker processes, `jaxrubric train`'s default there; the
     world's `timings.json` splits its time by stage: the generators' warm starts are 33%)."""
 
     seed: int = 0
