@@ -325,8 +325,7 @@ def item_edit_advantage(workdir: str | Path, run: str, *, questions: int = 128,
     _, sampled = _sampled_rubrics(Path(workdir), run, questions, seed, groups=cfg["num_rubrics"])
     changes: dict[str, list[float]] = {"has": [], "omits": []}
     for row, shown, rubrics in sampled:
-        big = [d for d in task.contested_symbols(row["prompt"], shown)
-               if d in task.DIGITS and d > "4"]
+        big = [d for d in task.contested_symbols(row["prompt"], shown) if task.is_big_digit(d)]
         if not big:
             continue
         base = checker_advantages(rubrics, shown, row, cfg["max_items"])

@@ -392,10 +392,15 @@ def sound_criterion(prompt: str, rng: random.Random, kinds: str = "both") -> str
     return sound_item(rng.choice(digits))
 
 
+def is_big_digit(symbol: str) -> bool:
+    """A digit above 4; not a stray letter, though letters compare above "4" as strings."""
+    return symbol in DIGITS and symbol > "4"
+
+
 def sound_item(symbol: str) -> str:
     """The item about ``symbol`` that a correct answer meets: ``has`` it if a big digit, else
     (a small digit, a stray letter) ``omits``."""
-    return f"{'has' if symbol in DIGITS and symbol > '4' else 'omits'} {symbol}"
+    return f"{'has' if is_big_digit(symbol) else 'omits'} {symbol}"
 
 
 def contested_symbols(prompt: str, answers: Sequence[str]) -> list[str]:
