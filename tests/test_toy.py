@@ -172,7 +172,7 @@ def test_contested_symbols_are_those_some_but_not_all_answers_hold():
     assert task.contested_symbols("big 381729", ["879", "879"]) == []
     assert task.contested_symbols("big 381729", []) == []
     # Stray letters come after the digits; a letter every answer holds tells none apart.
-    assert task.contested_symbols("big 381729", ["8x79", "879", "87q9", "8q79"]) == ["q", "x"]
+    assert task.contested_symbols("big 381729", ["8x79", "879", "87k9", "8k79"]) == ["k", "x"]
     assert task.contested_symbols("big 381729", ["8x79", "x879"]) == []
     assert task.sound_item("x") == "omits x" and task.sound_item("9") == "has 9"
 
@@ -196,6 +196,22 @@ def test_stray_letters_are_written_where_asked_and_halve_quality():
     assert ([task.policy_warm_start_answer(prompt, a, 0.3, "keeps_small") for _ in range(50)]
             == [task.policy_warm_start_answer(prompt, b, 0.3, "keeps_small", 0.0)
                 for _ in range(50)])
+
+
+def test_no_stray_letter_is_written_by_a_template_or_an_item_word(tokenizer):
+    """A stray letter in a role's prompt is always an answer's: the generator copies it from
+    there, and a letter the template also writes ("a:") it could not tell apart."""
+    question, answers = "big 381729", ["879"] * 4
+    texts = [tokenizer.decode(world.template_ids(template, tokenizer, *slots)) for template, slots
+             in ((tpl.dynamic_rubric_generator_template(tokenizer, 4, max_items=4,
+                                                         style="compact"), (question, *answers)),
+                 (tpl.dynamic_rubric_generator_template(tokenizer, 0, max_items=4,
+                                                         style="compact"), (question,)),
+                 (tpl.verifier_template(tokenizer, style="compact"), (question, "879", "has 8")))]
+    texts += [tokenizer.decode(world.policy_prompt(tokenizer, question)), "has omits yes no"]
+    for text in texts:
+        written = set(text.replace("<|im_start|>", " ").replace("<|im_end|>", " "))
+        assert not written & set(task.STRAY_LETTERS), (text, written & set(task.STRAY_LETTERS))
 
 
 def test_a_focused_teacher_writes_its_first_items_about_the_contested_symbols():
@@ -292,7 +308,7 @@ def test_malformed_items_are_outside_the_language_and_never_met():
     outside the criterion language, which the checker never meets."""
     rng = random.Random(0)
     assert task.in_language("has 7") and task.in_language("omits 0")
-    assert task.in_language("omits x") and task.in_language("has a")  # stray letters
+    assert task.in_language("omits x") and task.in_language("has d")  # stray letters
     assert not any(task.in_language(c) for c in ("has", "has 7 8", "hs 7", "] ] ] ]", "omits e",
                                                   "has y", "omits ]"))
     for _ in range(500):
@@ -397,9 +413,13 @@ def test_aim_counts_items_about_what_the_shown_answers_differ_on():
                                                   (5.0, "] ]")]]
     got = diagnostics.aim_of([("big 3817", ["87", "8", "87", "8"], rubrics)])
     assert got == pytest.approx({"in_language": 0.8, "contested": 0.5, "chance": 0.25,
-                                 "sound_contested": 0.5})
+                                 "sound_contested": 0.5, "names_the_letter": 0.0})
     assert diagnostics.aim_of([]) == {"in_language": 0.0, "contested": 0.0, "chance": 0.0,
-                                      "sound_contested": 0.0}
+                                      "sound_contested": 0.0, "names_the_letter": 0.0}
+    # Rubrics for answers holding a stray letter: does one of them name it?
+    lettered = [("big 3817", ["8x7", "87"], [[(1.0, "omits x")], [(1.0, "omits d")],
+                                              [(1.0, "has 7")], [(1.0, "has x"), (1.0, "]")]])]
+    assert diagnostics.aim_of(lettered)["names_the_letter"] == 0.5
 
 
 def test_mistakes_of_names_each_kind_of_mistake():
@@ -415,7 +435,27 @@ def test_mistakes_of_names_each_kind_of_mistake():
     assert kinds("387") == {"keeps_a_small_digit"}
     assert kinds("78") == kinds("877") == kinds("879") == {"out_of_order"}
     assert kinds("73") == {"drops_a_big_digit", "keeps_a_small_digit", "out_of_order"}
-    assert kinds("8x7") == {"writes_a_letter", "out_of_order"}
+    assert kinds("8x7") == {"writes_a_letter"}
+    assert kinds("x78") == {"writes_a_letter", "out_of_order"}
+
+
+def test_gaps_by_mistake_split_the_delta_gap_by_what_tells_each_pair_apart():
+    """`diagnostics.gaps_by_mistake` by hand on `big 3817` (correct answer 87). Answers: 87
+    (quality 1), 8 (drops 7: 0.5), 8x7 (a letter: 0.5), 78 (out of order: 0.5). Rubric A
+    `[1] has 7, [1] omits x` scores them 1, 0.5, 0.5, 1; rubric B `[2] has 8` 1, 1, 1, 1; the
+    policy score is their mean: 1, 0.75, 0.75, 1. Pairs the quality orders: 87 above each of
+    the others, gaps 0.25, 0.25 and 0 (the order no item sees)."""
+    from jaxrubric.toy import diagnostics
+
+    rubrics = [[(1.0, "has 7"), (1.0, "omits x")], [(2.0, "has 8")], []]
+    got = diagnostics.gaps_by_mistake([("big 3817", ["87", "8", "8x7", "78"], rubrics)])
+    assert got["pairs"] == 3 and got["delta_gap"] == pytest.approx(0.5 / 3)
+    for kind, gap in (("drops_a_big_digit", 0.25), ("writes_a_letter", 0.25),
+                      ("out_of_order", 0.0)):
+        assert got[f"{kind}_share"] == pytest.approx(1 / 3) and got[f"{kind}_gap"] == gap
+    assert got["several_share"] == got["same_kinds_share"] == 0.0
+    assert diagnostics.pair_mistake("873", "8", "big 3817") == "several"
+    assert diagnostics.pair_mistake("873", "8733", "big 3817") == "same_kinds"
     # What the order mistake costs, and the part of quality the language can judge.
     assert task.quality("78", "big 3817") == 0.5 and task.visible_quality("78", "big 3817") == 1
     assert task.visible_quality("387", "big 3817") == task.quality("387", "big 3817") == 0.5

@@ -33,6 +33,9 @@ from jaxrubric.toy import diagnostics, world
 # rounds) and the policy's held-out quality stayed flat (0.495 -> 0.508).
 # Its verifier is the GenRubric world's (450 steps): the suite trains it once for both tests.
 # The frozen run's generator trains as long as the co-evolving one (stale_rounds = rounds).
+# Its generators' warm starts are the defaults' 1000 steps: at 500 (the answer-seeing one then
+# reads the stray letter off its answers about half as often) the Δgap check below failed at
+# round 10 (stop 41: 0.169 against the static run's 0.160, margin 0.047).
 SHORT = world.ToyWorldConfig(rounds=10, generator_rounds=10, stale_rounds=10, eval_every=10,
                              eval_batch_size=128, policy_steps=250)
 NOTEBOOK = Path(__file__).parent.parent / "colab" / "quickstart.ipynb"
@@ -61,16 +64,16 @@ def test_toy_world_quality_rises_and_the_notebook_runs(tmp_path, monkeypatch,
     assert summary["rounds"] == [0, SHORT.rounds]
     assert all(len(summary[run]) == 2 for run in world.RUNS)
     # 128 held-out questions x 4 answers per evaluation (standard error 0.014, 0.02 for the
-    # difference of two): this short run rose by 0.23 (0.460 -> 0.690, stop 40), about 8
+    # difference of two): this short run rose by 0.24 (0.470 -> 0.706, stop 41), about 8
     # standard errors above the 0.08 asked.
     assert quality[1] - quality[0] >= 0.08, quality
     # Δgap on each run's own answers, with its standard error clustered by question: the
     # answer-seeing generator's rubrics (co-evolving; at round 0 the generator every run but
     # the static one starts from) separate the policy's answers further than the prompt-only
     # generator's at every evaluation, by at least twice the standard error of the difference
-    # (the noise of the two evaluations). Stop 40: 0.176 against 0.114 at round 0 and 0.160
-    # against 0.099 at round 10, each about 1.6 times that margin (0.035, 0.040); over the
-    # full world's five seeds the same difference at round 90 was +0.073 ± 0.019, ahead on all.
+    # (the noise of the two evaluations). Stop 41: 0.266 against 0.158 at round 0 and 0.307
+    # against 0.144 at round 10, 2.1 and 3.1 times that margin (0.051, 0.052); over the full
+    # world's five seeds the same difference at round 90 was +0.543 ± 0.023, ahead on all.
     gap, gap_se = summary["delta_gap"], summary["delta_gap_se"]
     for i in range(2):
         margin = 2 * np.hypot(gap_se["coevolve"][i], gap_se["static"][i])

@@ -6,6 +6,8 @@ README's diagnoses.
 - `rubric_profile` (DynamicRubric world): which kinds of item a run's generator writes;
 - `generator_aim` (DynamicRubric world): whether a generator writes its items about what
   its shown answers differ on;
+- `gap_by_mistake` (DynamicRubric world): Δgap split by the kind of mistake that tells each
+  pair apart, for any run's generator on any run's answers (a matched answer set);
 - `item_signal` (DynamicRubric world): which kinds of sound item the generator's rewards
   would favour on a run's policy's own answers; `item_edit_advantage`: how its advantage
   moves when a `has <big digit>` item is edited into the rubrics its generator writes;
@@ -17,6 +19,7 @@ Each samples or reads what a run saved and changes nothing; none is needed to tr
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from collections import defaultdict
@@ -85,14 +88,15 @@ def _policy_answers(workdir: Path, run: str | None, samples: int, seed: int,
 
 def mistakes_of(answer: str, prompt: str) -> dict[str, bool]:
     """Which kinds of mistake one answer makes: a big digit dropped, a small digit kept, a
-    stray letter written, and not the prompt's digits in their order (a digit repeated, moved
-    or made up, or anything else in it: `task.quality` halves such an answer; an ``omits``
-    item can see a stray letter, no item the rest)."""
+    stray letter written, and the rest of it not the prompt's digits in their order (a digit
+    repeated, moved or made up, or another character). `task.quality` halves an answer with
+    either of the last two; an ``omits`` item can see a stray letter, no item the order."""
     digits = task.digits_of(prompt)
+    letters_aside = "".join(c for c in answer if c not in task.STRAY_LETTERS)
     return {"drops_a_big_digit": any(d > "4" and d not in answer for d in digits),
             "keeps_a_small_digit": any(d <= "4" and d in answer for d in digits),
-            "writes_a_letter": any(c in task.STRAY_LETTERS for c in answer),
-            "out_of_order": not task.in_order(answer, prompt)}
+            "writes_a_letter": letters_aside != answer,
+            "out_of_order": not task.in_order(letters_aside, prompt)}
 
 
 def mistake_profile(workdir: str | Path, run: str | None = None, *, samples: int = 4,
@@ -160,12 +164,13 @@ def _parse_rubric(text: str) -> list[tuple[float, str]]:
     return items
 
 
-def _sampled_rubrics(workdir: Path, run: str | None, questions: int, seed: int, groups: int
+def _sampled_rubrics(workdir: Path, run: str | None, questions: int, seed: int, groups: int,
+                     answers_of: str | None = "run"
                      ) -> tuple[dict, list[tuple[dict, list[str], list[list[tuple[float, str]]]]]]:
     """The world's config, and per held-out question (the first `questions`): the K answers of
-    the policy of `run` (its latest checkpoint; None: the warm start) and `groups` rubrics its
-    generator (None: the generator every run starts from) writes for them, grammar-constrained
-    as in a round."""
+    the policy of `run` (its latest checkpoint; None: the warm start; `answers_of`: of that run
+    instead) and `groups` rubrics the generator of `run` (None: the generator every run starts
+    from) writes for them, grammar-constrained as in a round."""
     from jaxrubric.train import export
 
     cfg = json.loads((workdir / "toy_config.json").read_text())
@@ -176,7 +181,8 @@ def _sampled_rubrics(workdir: Path, run: str | None, questions: int, seed: int, 
         generator_dir = workdir / "exported" / f"{run}_generator"
         if not (generator_dir / "config.json").exists():
             export(workdir / "runs" / run, "generator", generator_dir, oracle=task.oracle_reward)
-    answered = _policy_answers(workdir, run, cfg["num_responses"], seed, questions)
+    answered = _policy_answers(workdir, run if answers_of == "run" else answers_of,
+                               cfg["num_responses"], seed, questions)
     rubrics = _written_rubrics(generator_dir, tokenizer, cfg,
                                [(row["prompt"], [] if static else shown)
                                 for row, shown in answered],
@@ -237,18 +243,80 @@ def rubric_profile(workdir: str | Path, run: str | None = None, *, questions: in
     return {name: value / max(total, 1.0) for name, value in kinds.items()}
 
 
+# What tells a pair of answers apart (`pair_mistake`): one kind of `mistakes_of`, several, or
+# the same kinds made to a different extent (two small digits kept against one).
+PAIR_KINDS = ("drops_a_big_digit", "keeps_a_small_digit", "writes_a_letter", "out_of_order",
+              "several", "same_kinds")
+
+
+def pair_mistake(better: str, worse: str, prompt: str) -> str:
+    """Which kind of mistake (`PAIR_KINDS`) tells two answers to `prompt` apart."""
+    a, b = mistakes_of(better, prompt), mistakes_of(worse, prompt)
+    differ = [kind for kind in a if a[kind] != b[kind]]
+    return differ[0] if len(differ) == 1 else ("several" if differ else "same_kinds")
+
+
+def rubric_score(rubric: list[tuple[float, str]], answer: str) -> float:
+    """`Σ w v / Σ w` of one parsed rubric, the checker's verdicts in place of the verifier's
+    (an item outside the language is met by nothing, as the verifier learned)."""
+    return sum(w * task.check(c, answer) for w, c in rubric) / sum(w for w, _ in rubric)
+
+
+def gaps_by_mistake(sampled: list[tuple[str, list[str], list[list[tuple[float, str]]]]]
+                    ) -> dict[str, float]:
+    """Δgap (the paper's Eq. 2, as the round's evaluation measures it: per prompt, the policy
+    score of each answer (the mean over its non-empty rubrics), then better minus worse over
+    every pair the checker's quality orders) over (prompt, answers, rubrics) triples, with
+    checker verdicts; and per `PAIR_KINDS` kind, its share of the pairs (``<kind>_share``) and
+    their mean gap (``<kind>_gap``, 0 with no such pair): which mistakes the evaluator's
+    scores separate, and how much of the Δgap is pairs no item can tell apart (order)."""
+    gaps: dict[str, list[float]] = {kind: [] for kind in PAIR_KINDS}
+    for prompt, answers, rubrics in sampled:
+        rubrics = [r for r in rubrics if r]
+        if not rubrics:
+            continue
+        scores = [np.mean([rubric_score(r, a) for r in rubrics]) for a in answers]
+        quality = [task.quality(a, prompt) for a in answers]
+        for i, j in itertools.permutations(range(len(answers)), 2):
+            if quality[i] > quality[j]:
+                gaps[pair_mistake(answers[i], answers[j], prompt)].append(scores[i] - scores[j])
+    every = [g for kind in PAIR_KINDS for g in gaps[kind]]
+    out = {"delta_gap": float(np.mean(every)) if every else 0.0, "pairs": float(len(every))}
+    for kind in PAIR_KINDS:
+        out[f"{kind}_share"] = len(gaps[kind]) / max(len(every), 1)
+        out[f"{kind}_gap"] = float(np.mean(gaps[kind])) if gaps[kind] else 0.0
+    return out
+
+
+def gap_by_mistake(workdir: str | Path, evaluator: str, answers_of: str | None = "run", *,
+                   questions: int = 256, groups: int = 8, seed: int = 7) -> dict[str, float]:
+    """`gaps_by_mistake` of the generator of run `evaluator` (its latest checkpoint) on the
+    answers of its own run's policy, or of run `answers_of` (None: the warm start): the
+    evaluator on a matched answer set, apart from the answers its run's policy came to write."""
+    _, sampled = _sampled_rubrics(Path(workdir), evaluator, questions, seed, groups, answers_of)
+    return gaps_by_mistake([(row["prompt"], shown, rubrics) for row, shown, rubrics in sampled])
+
+
 def aim_of(sampled: list[tuple[str, list[str], list[list[tuple[float, str]]]]]
            ) -> dict[str, float]:
     """Where rubrics look, per (prompt, shown answers, rubrics written for them): the share of
     items in the criterion language; of those, the share about a digit the shown answers
     differ on (``contested``) against the share a digit drawn uniformly from the prompt would
     give (``chance``), and the share of the contested ones with the sound sign
-    (``sound_contested``). Items are counted, not weighted: this is where the writer aims."""
-    items = in_language = contested = sound = 0
+    (``sound_contested``). Items are counted, not weighted: this is where the writer aims.
+    ``names_the_letter``: of the rubrics written for answers holding a stray letter, the share
+    with an item in the language about one of those letters: whether the writer reads the
+    letter off the answers (0 when no shown answer holds one)."""
+    items = in_language = contested = sound = lettered = named = 0
     chance = 0.0
     for prompt, shown, rubrics in sampled:
         differ = set(task.contested_symbols(prompt, shown))
         share = len(differ) / len(task.digits_of(prompt))
+        held = {c for answer in shown for c in answer if c in task.STRAY_LETTERS}
+        if held:
+            lettered += len(rubrics)
+            named += sum(any(task.in_language(c) and c.split(" ")[1] in held for _, c in rubric)
+                         for rubric in rubrics)
         for _, criterion in (item for rubric in rubrics for item in rubric):
             items += 1
             if not task.in_language(criterion):
@@ -262,25 +330,30 @@ def aim_of(sampled: list[tuple[str, list[str], list[list[tuple[float, str]]]]]
     return {"in_language": in_language / max(items, 1),
             "contested": contested / max(in_language, 1),
             "chance": chance / max(in_language, 1),
-            "sound_contested": sound / max(contested, 1)}
+            "sound_contested": sound / max(contested, 1),
+            "names_the_letter": named / max(lettered, 1)}
 
 
 def generator_aim(workdir: str | Path, generator: str | Path = "models/generator_cold", *,
-                  questions: int = 128, groups: int = 8, seed: int = 5) -> dict[str, float]:
+                  questions: int = 128, groups: int = 8, seed: int = 5,
+                  stray: float = 0.0) -> dict[str, float]:
     """`aim_of` a saved answer-seeing generator (a path, or one relative to `workdir`) on
     fresh questions, each shown K answers with a digit or more they differ on (the cold
     start's teacher answers, `digits_task.policy_warm_start_answer` with "flips"): does it
     write items about what its shown answers differ on, the only items that can tell them
     apart? Its SFT teacher puts those first; stop 38 found the 180-step cold start at chance
-    (0.38 of its in-language items contested against 0.57) and half out of the language."""
+    (0.38 of its in-language items contested against 0.57) and half out of the language.
+    `stray`: that share of the shown answers hold a stray letter (`names_the_letter`; stop 40's
+    cold start, with letters its template also writes, named the one shown in 13% of its
+    rubrics, seed 0)."""
     workdir = Path(workdir)
     cfg = json.loads((workdir / "toy_config.json").read_text())
     rng = random.Random(seed)
     rows = []
     while len(rows) < questions:
         prompt, _ = task.make_prompt(rng)
-        shown = [task.policy_warm_start_answer(prompt, rng, cfg["policy_p_correct"], "flips")
-                 for _ in range(cfg["num_responses"])]
+        shown = [task.policy_warm_start_answer(prompt, rng, cfg["policy_p_correct"], "flips",
+                                               stray) for _ in range(cfg["num_responses"])]
         if task.contested_symbols(prompt, shown):
             rows.append((prompt, shown))
     rubrics = _written_rubrics(workdir / generator, jaxrubric.load_tokenizer(workdir / "tokenizer"),
