@@ -26,24 +26,31 @@ apart are "omits <small digit>", and that is what the generator's own rounds sha
 digit>" items pass every answer: no discriminability reward). Rewarded for dropping digits,
 the policy can start dropping big ones too. The frozen generator keeps writing the items of
 the old mistakes; a co-evolving generator should find the items that now separate the answers
-(discriminability) in the direction the anchor lists rank (anchor reward). Why a static one
+(discriminability) in the direction the anchor lists rank (anchor reward). The same holds for
+the stray letters (below): the generator's own rounds wear its letter items down (of its
+rubrics for answers holding a letter, 55% name it at its cold start, 4% after 100 rounds; seed
+1), and once the policy stops keeping small digits the letters are what its answers differ
+on, which the co-evolving generator names again (48% at round 90). Why a static one
 should fall behind: the policy also writes stray letters, and which letter only its answers
 show; a generator that sees the prompt alone cannot write "omits <that letter>".
 
 What the defaults are measured to do (issue 12; the README's toy section has the tables): over
-seeds 0-4 at round 90 the co-evolving run's held-out quality is above the static run's by
-+0.256 ± 0.170 (standard error across seeds; ahead on all five by at least 2.9 of their
-evaluation standard errors: the prompt-only generator cannot name the stray letter a policy
-writes, and on two seeds its policy learned to answer less) and above the frozen run's by
-+0.019 ± 0.006 (ahead on all five, by 2 standard errors on two). The stale evaluator's gaps
-between its policy's own answers (Δgap) close by 0.082 ± 0.024 more than the co-evolving
-one's over the 90 rounds, on all five seeds. What made that measurable: a mistake the prompt
-does not foretell (stray letters, `policy_stray`; without one the static run was level with
-the ceiling), a policy warm start that writes in the task's format (`policy_steps`), runs long
-enough for the stale evaluator to fall behind (`rounds`), and generator warm starts long
-enough to aim (`generator_steps`). Co-evolution starts after 10 generator rounds: 40 wore
-down the items the co-evolving generator later needs (`has <big digit>`, the check on the
-mistake the policy makes next).
+seeds 0-4, from round 0 to 90, the co-evolving evaluator's Δgap (the gap between its scores of
+its policy's better and worse answers) widens by +0.197 ± 0.024 (standard error across seeds;
+on all five) while the stale one's narrows by 0.144 ± 0.064 and the static one's by 0.148 ±
+0.019; at round 90 it is above the stale one's by +0.301 ± 0.065 and the static one's by
++0.543 ± 0.023, on all five. The co-evolving run's held-out quality is above the static run's
+by +0.148 ± 0.074 (by at least 6.9 of their evaluation standard errors on every seed: the
+prompt-only generator cannot name the stray letter a policy writes) and above the frozen
+run's by +0.004 ± 0.002 (on all five, by less than two standard errors: the frozen run is
+within two of the ground truth's on four seeds). What made that measurable: a mistake the
+prompt does not foretell (stray letters, `policy_stray`; without one the static run was level
+with the ceiling) written with letters no template holds (`digits_task.STRAY_LETTERS`), a
+policy warm start that writes in the task's format (`policy_steps`), runs long enough for the
+stale evaluator to fall behind (`rounds`), and generator warm starts long enough to aim and to
+read the letter off the answers (`generator_steps`). Co-evolution starts after 10 generator
+rounds: 40 wore down the items the co-evolving generator later needs (`has <big digit>`, the
+check on the mistake the policy makes next).
 
 Every step writes into `workdir` and is skipped when its output is already there, so a rerun
 resumes (warm starts and finished runs are cached; an interrupted run resumes from its
@@ -85,9 +92,9 @@ STATIC_RUNS = ("static",)
 
 @dataclasses.dataclass(frozen=True)
 class ToyWorldConfig:
-    """Sizes and budgets of the toy world (the defaults took 6 min 55 s from scratch on an
-    idle 2-core box, stop 40, in two worker processes, `jaxrubric train`'s default there; the
-    world's `timings.json` splits its time by stage: the generators' warm starts are 33%)."""
+    """Sizes and budgets of the toy world (the defaults took 9 min 25 s from scratch on an
+    idle 2-core box, stop 41, in two worker processes, `jaxrubric train`'s default there; the
+    world's `timings.json` splits its time by stage: the generators' warm starts are half)."""
 
     seed: int = 0
     # Co-evolution rounds of each compared run. Staleness takes time to show: in stop 39's
