@@ -251,15 +251,20 @@ PAIR_KINDS = ("drops_a_big_digit", "keeps_a_small_digit", "writes_a_letter", "ou
 
 def pair_mistake(better: str, worse: str, prompt: str) -> str:
     """Which kind of mistake (`PAIR_KINDS`) tells two answers to `prompt` apart."""
-    a, b = mistakes_of(better, prompt), mistakes_of(worse, prompt)
+    return _pair_kind(mistakes_of(better, prompt), mistakes_of(worse, prompt))
+
+
+def _pair_kind(a: dict[str, bool], b: dict[str, bool]) -> str:
     differ = [kind for kind in a if a[kind] != b[kind]]
     return differ[0] if len(differ) == 1 else ("several" if differ else "same_kinds")
 
 
 def rubric_score(rubric: list[tuple[float, str]], answer: str) -> float:
     """`Σ w v / Σ w` of one parsed rubric, the checker's verdicts in place of the verifier's
-    (an item outside the language is met by nothing, as the verifier learned)."""
-    return sum(w * task.check(c, answer) for w, c in rubric) / sum(w for w, _ in rubric)
+    (an item outside the language is met by nothing, as the verifier learned); 0 for a rubric
+    with no item."""
+    total = sum(w for w, _ in rubric)
+    return sum(w * task.check(c, answer) for w, c in rubric) / total if total else 0.0
 
 
 def gaps_by_mistake(sampled: list[tuple[str, list[str], list[list[tuple[float, str]]]]]
@@ -277,9 +282,10 @@ def gaps_by_mistake(sampled: list[tuple[str, list[str], list[list[tuple[float, s
             continue
         scores = [np.mean([rubric_score(r, a) for r in rubrics]) for a in answers]
         quality = [task.quality(a, prompt) for a in answers]
+        kinds = [mistakes_of(a, prompt) for a in answers]
         for i, j in itertools.permutations(range(len(answers)), 2):
             if quality[i] > quality[j]:
-                gaps[pair_mistake(answers[i], answers[j], prompt)].append(scores[i] - scores[j])
+                gaps[_pair_kind(kinds[i], kinds[j])].append(scores[i] - scores[j])
     every = [g for kind in PAIR_KINDS for g in gaps[kind]]
     out = {"delta_gap": float(np.mean(every)) if every else 0.0, "pairs": float(len(every))}
     for kind in PAIR_KINDS:
@@ -312,7 +318,7 @@ def aim_of(sampled: list[tuple[str, list[str], list[list[tuple[float, str]]]]]
     for prompt, shown, rubrics in sampled:
         differ = set(task.contested_symbols(prompt, shown))
         share = len(differ) / len(task.digits_of(prompt))
-        held = {c for answer in shown for c in answer if c in task.STRAY_LETTERS}
+        held = task.stray_letters_in(shown)
         if held:
             lettered += len(rubrics)
             named += sum(any(task.in_language(c) and c.split(" ")[1] in held for _, c in rubric)
@@ -378,8 +384,7 @@ def checker_advantages(rubrics: list[list[tuple[float, str]]], answers: list[str
         for m, (w, criterion) in enumerate(rubric[:max_items]):
             weights[g, m], mask[g, m] = w, True
             verdicts[g, :, m] = [task.check(criterion, a) for a in answers]
-            anchor_scores[g] += [w * task.check(criterion, a) for a in anchors]
-        anchor_scores[g] /= max(weights[g].sum(), 1e-9)
+        anchor_scores[g] = [rubric_score(rubric[:max_items], a) for a in anchors]
     ranks = np.broadcast_to(np.array([a["rank"] for a in row["answers"]]), anchor_scores.shape)
     return np.asarray(generator_advantages(
         discriminability(verdicts, weights, mask),

@@ -409,10 +409,15 @@ def sound_item(symbol: str) -> str:
     return f"{'has' if is_big_digit(symbol) else 'omits'} {symbol}"
 
 
+def stray_letters_in(answers: Sequence[str]) -> set[str]:
+    """The stray letters any of ``answers`` holds."""
+    return {c for a in answers for c in a if c in STRAY_LETTERS}
+
+
 def contested_symbols(prompt: str, answers: Sequence[str]) -> list[str]:
     """The prompt's digits, then the stray letters, that some but not all of ``answers``
     contain: what an item must be about to tell those answers apart."""
-    letters = sorted({c for a in answers for c in a if c in STRAY_LETTERS})
+    letters = sorted(stray_letters_in(answers))
     return [c for c in [*digits_of(prompt), *letters]
             if 0 < sum(c in a for a in answers) < len(answers)]
 
