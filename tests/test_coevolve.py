@@ -60,14 +60,30 @@ def test_static_rubrics_and_the_oracle_reward(round_mesh):
         num_responses=2, num_rubrics=2, response_tokens=4, rubric_source="static",
         freeze_generator=True, freeze_policy=True), round_mesh)
     assert case.setup.generator_template.slots == ("prompt",)
-    oracle = lambda tokens, lengths, question: lengths.astype(jnp.float32)  # noqa: E731
+    # A reward that differs between a prompt's answers; the policy's advantages centred per
+    # prompt and not divided by their spread (`policy_advantage_mode="no_std"`).
+    oracle = lambda tokens, lengths, question: tokens.sum(-1).astype(jnp.float32)  # noqa: E731
     setup = dataclasses.replace(case.setup, config=dataclasses.replace(
-        case.setup.config, policy_reward="oracle"), oracle_reward=oracle)
+        case.setup.config, policy_reward="oracle", policy_advantage_mode="no_std"),
+        oracle_reward=oracle)
     out = jax.jit(lambda s, f, b, r: dynamic_rubric.rollout(setup, s, f, b, r,
                                                             placement.colocated(setup)))(
         case.state, case.frozen, case.batch, jax.random.key(0))
-    np.testing.assert_array_equal(np.asarray(out.judged.policy_reward), np.asarray(out.text_len))
+    rewards = np.asarray(out.responses.tokens, np.float64).sum(-1)
+    np.testing.assert_allclose(np.asarray(out.judged.policy_reward), rewards, rtol=1e-6)
+    assert np.ptp(rewards, axis=-1).min() > 0, rewards
+    np.testing.assert_allclose(np.asarray(out.judged.policy_advantages),
+                               rewards - rewards.mean(-1, keepdims=True), rtol=1e-5, atol=1e-3)
     assert out.rubrics.tokens.shape[:2] == (case.batch.question.tokens.shape[0], 2)
+
+
+def test_the_policys_advantage_mode_is_its_own_or_the_shared_one():
+    config = RoundConfig(advantage_mode="batch_std", policy_advantage_mode="no_std")
+    assert (config.advantages(Role.POLICY), config.advantages(Role.GENERATOR)) == (
+        "no_std", "batch_std")
+    assert RoundConfig(advantage_mode="no_std").advantages(Role.POLICY) == "no_std"
+    with pytest.raises(ValueError, match="policy_advantage_mode 'std' is not one of"):
+        RoundConfig(policy_advantage_mode="std")
 
 
 def test_entropy_bonus_is_per_role_and_never_negative():

@@ -88,6 +88,10 @@ class RoundConfig:
     eps_high: float = 0.2
     aggregation: str = "token-mean"
     advantage_mode: str = "group_std"
+    # The policy's own advantage mode ("": `advantage_mode`, the one both roles share by
+    # default). "no_std" makes the policy's step follow the size of its score gaps, not only
+    # their order: an evaluator whose gaps close stops teaching (the toy world's default).
+    policy_advantage_mode: str = ""
     num_updates: int = 1  # mu
     logprob_chunk: int = 64
     # Memory: each GRPO update runs its rows through the model in this many micro-batches
@@ -194,6 +198,12 @@ class RoundConfig:
         """Which KL the role's beta weighs (`KL_KINDS`)."""
         return self.policy_kl if role == Role.POLICY else self.generator_kl
 
+    def advantages(self, role: Role) -> str:
+        """How a role's rewards become advantages (`grpo.ADVANTAGE_MODES`)."""
+        if role == Role.POLICY and self.policy_advantage_mode:
+            return self.policy_advantage_mode
+        return self.advantage_mode
+
     def entropy(self, role: Role) -> float:
         """The entropy bonus of a trained role."""
         return self.policy_entropy if role == Role.POLICY else self.generator_entropy
@@ -231,6 +241,7 @@ OPTIONS: dict[str, Any] = {
     "generator_kl": KL_KINDS,
     "aggregation": grpo.LOSS_AGGREGATIONS,
     "advantage_mode": grpo.ADVANTAGE_MODES,
+    "policy_advantage_mode": ("", *grpo.ADVANTAGE_MODES),
     "disc_mode": DISC_MODES,
     "generator_combine": GENERATOR_COMBINES,
     "discrimination_spread": SPREADS,

@@ -187,7 +187,8 @@ def judge_stage(setup: RoundSetup, verifier_params: nnx.State, question: Questio
             group_valid.astype(jnp.float32), jnp.broadcast_to(explored, group_valid.shape))
     return Judged(verdicts, scores, anchor_scores, group_valid, scoring, gen_reward, parts["disc"],
                   parts["anchor"], rubric_reward, policy_reward, oracle, gen_advantages,
-                  item_adv, grpo.group_advantages(policy_reward, mode=cfg.advantage_mode), metrics)
+                  item_adv, grpo.group_advantages(policy_reward, mode=cfg.advantages(Role.POLICY)),
+                  metrics)
 
 
 class Rollout(NamedTuple):

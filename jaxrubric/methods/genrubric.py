@@ -282,7 +282,8 @@ def judge_stage(setup: RoundSetup, verifier_params: nnx.State, question: Questio
         "policy/truncated": 1.0 - responses.finished.mean(),
         "verifier/yes_rate": grpo.masked_mean(verdicts, item_valid[:, None]),
     }
-    advantages = grpo.group_advantages(policy_reward, mode=cfg.advantage_mode, valid=policy_valid)
+    advantages = grpo.group_advantages(policy_reward, mode=cfg.advantages(Role.POLICY),
+                                      valid=policy_valid)
     return Judged(credit, policy_reward, advantages, metrics)
 
 
