@@ -351,14 +351,19 @@ def test_the_runs_of_one_generator_kind_differ_only_in_runtime_switches(tmp_path
         assert all(r == rounds[0] for r in rounds), names
 
 
-def test_every_compared_run_pulls_its_policy_toward_the_warm_start_by_the_same_kl(tmp_path):
-    """The policy KL is the world's, in every compared run alike (a baseline with another KL
-    would not be comparable); the generators' own rounds leave the policy frozen."""
-    cfg = world.ToyWorldConfig(policy_beta=0.07)
+def test_every_compared_run_trains_its_policy_alike(tmp_path):
+    """The policy KL and advantage mode are the world's, in every compared run alike (a
+    baseline trained otherwise would not be comparable); the generators' advantages keep the
+    shared mode."""
+    cfg = world.ToyWorldConfig(policy_beta=0.07, policy_advantage_mode="batch_std")
     paths = world.write_data(tmp_path, cfg)
     for name in world.RUNS:
         c = world.run_config(name, tmp_path, paths, cfg, tmp_path / "models" / "generator")
         assert c.round.policy_beta == 0.07 and not c.round.freeze_policy
+        assert (c.round.policy_advantage_mode, c.round.advantage_mode) == ("batch_std",
+                                                                           "group_std")
+    with pytest.raises(ValueError, match="policy_advantage_mode 'std' is not one of"):
+        world.ToyWorldConfig(policy_advantage_mode="std")
 
 
 def test_a_cold_start_reference_reaches_the_trained_compared_generators_only(tmp_path):

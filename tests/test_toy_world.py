@@ -36,7 +36,8 @@ from jaxrubric.toy import diagnostics, world
 # Its generators' warm starts take 750 steps (the defaults: 1000, which teach the answer-seeing
 # one to read the stray letter off its answers): at 500 the Δgap check below failed at round 10
 # (stop 41: 0.169 against the static run's 0.160, margin 0.047); at 750 and at 1000 it held by
-# 2.2 and 3.6, and 2.1 and 3.1 times its margin. 750 saves about a minute of the suite.
+# 2.2 and 3.6, and 2.1 and 3.1 times its margin (stop 41's policy advantages, `group_std`;
+# with stop 42's `no_std`, at 750: 2.0 and 1.6). 750 saves about a minute of the suite.
 SHORT = world.ToyWorldConfig(rounds=10, generator_rounds=10, stale_rounds=10, eval_every=10,
                              eval_batch_size=128, policy_steps=250, generator_steps=750)
 NOTEBOOK = Path(__file__).parent.parent / "colab" / "quickstart.ipynb"
@@ -65,16 +66,16 @@ def test_toy_world_quality_rises_and_the_notebook_runs(tmp_path, monkeypatch,
     assert summary["rounds"] == [0, SHORT.rounds]
     assert all(len(summary[run]) == 2 for run in world.RUNS)
     # 128 held-out questions x 4 answers per evaluation (standard error 0.014, 0.02 for the
-    # difference of two): this short run rose by 0.24 (0.470 -> 0.706, stop 41), about 8
+    # difference of two): this short run rose by 0.22 (0.470 -> 0.694, stop 42), about 7
     # standard errors above the 0.08 asked.
     assert quality[1] - quality[0] >= 0.08, quality
     # Δgap on each run's own answers, with its standard error clustered by question: the
     # answer-seeing generator's rubrics (co-evolving; at round 0 the generator every run but
     # the static one starts from) separate the policy's answers further than the prompt-only
     # generator's at every evaluation, by at least twice the standard error of the difference
-    # (the noise of the two evaluations). Stop 41: 0.279 against 0.163 at round 0 and 0.357
-    # against 0.147 at round 10, 2.2 and 3.6 times that margin (0.054, 0.058); over the full
-    # world's five seeds the same difference at round 90 was +0.543 ± 0.023, ahead on all.
+    # (the noise of the two evaluations). Stop 42: 0.304 against 0.193 at round 0 and 0.291
+    # against 0.190 at round 10, 2.0 and 1.6 times that margin (0.055, 0.062); in the full
+    # world the same difference at round 90 was +0.480 and +0.477 (seeds 0 and 1, README).
     gap, gap_se = summary["delta_gap"], summary["delta_gap_se"]
     for i in range(2):
         margin = 2 * np.hypot(gap_se["coevolve"][i], gap_se["static"][i])

@@ -78,6 +78,7 @@ from jaxrubric import sft
 from jaxrubric import sharding as shd
 from jaxrubric.config import base_config, check_config
 from jaxrubric.methods.core import KL_KINDS
+from jaxrubric.rl import grpo
 from jaxrubric.rubric import templates as tpl
 from jaxrubric.toy import digits_task as task
 from jaxrubric.toy import stages as stages_lib
@@ -203,6 +204,16 @@ class ToyWorldConfig:
     # one the policy's reward kept rising after round 20 while its held-out quality fell under
     # most learned evaluators (it finds what the rubrics miss).
     policy_beta: float = 0.01
+    # How the policy's rubric scores become advantages (RoundConfig.policy_advantage_mode;
+    # the generators' stay "group_std"). "no_std" centres each prompt's scores without
+    # dividing by their spread (Dr. GRPO's form), so the policy's step follows the size of
+    # the score gaps, not only their order: the regime in which DynamicRubric's claim that
+    # closing gaps starve the policy can show in its quality. With "group_std" (the 8B
+    # recipes', stop 41) every evaluator's gaps became full-size advantages as long as their
+    # order was right, and the stale run reached the ceiling (the ground truth led it by
+    # less than two standard errors on four seeds of five; README). Adam keeps the step's
+    # overall scale, so the first rounds train as before.
+    policy_advantage_mode: str = "no_std"
     # The compared runs' generator KL reference: "run_start" (the generator they start from,
     # after its own rounds) or "cold_start" (its SFT cold start, as RLHF keeps its SFT model:
     # the only start that still writes every kind of sound item).
@@ -241,6 +252,7 @@ class ToyWorldConfig:
                               ("teacher_focus", TEACHER_FOCUS),
                               ("generator_reference", GENERATOR_REFERENCES),
                               ("generator_kl", KL_KINDS),
+                              ("policy_advantage_mode", grpo.ADVANTAGE_MODES),
                               ("anchors", task.ANCHOR_KINDS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"ToyWorldConfig.{name} {getattr(self, name)!r} is not one of "
@@ -581,6 +593,7 @@ def run_config(name: str, workdir: Path, paths: dict[str, Path], cfg: ToyWorldCo
     c.round.policy_score = cfg.policy_score
     c.round.anchor_weight = cfg.anchor_weight
     c.round.policy_beta = cfg.policy_beta
+    c.round.policy_advantage_mode = cfg.policy_advantage_mode
     c.round.generator_kl = cfg.generator_kl
     c.round.generator_temperature = cfg.generator_temperature
     c.round.generator_entropy = cfg.generator_entropy
