@@ -72,6 +72,7 @@ def test_static_rubrics_and_the_oracle_reward(round_mesh):
     rewards = np.asarray(out.responses.tokens, np.float64).sum(-1)
     np.testing.assert_allclose(np.asarray(out.judged.policy_reward), rewards, rtol=1e-6)
     assert np.ptp(rewards, axis=-1).min() > 0, rewards
+    assert not np.allclose(np.ptp(rewards, axis=-1), 2), rewards  # where group_std would agree
     np.testing.assert_allclose(np.asarray(out.judged.policy_advantages),
                                rewards - rewards.mean(-1, keepdims=True), rtol=1e-5, atol=1e-3)
     assert out.rubrics.tokens.shape[:2] == (case.batch.question.tokens.shape[0], 2)

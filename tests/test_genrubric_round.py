@@ -229,3 +229,20 @@ def test_several_induced_responses_average_the_rewards_of_their_response_sets():
     want = [(both.scores[0, r] * judges[r // 3]).sum() / judges[r // 3].sum() for r in range(12)]
     np.testing.assert_allclose(reward[0], want, rtol=1e-6)
     assert np.asarray(valid).all()
+
+
+def test_the_policys_advantages_take_its_own_mode():
+    """`policy_advantage_mode` reaches the GenRubric policy's advantages over a query's
+    responses (`advantage_mode`, the generator's, where it is empty)."""
+    scores = jax.random.uniform(jax.random.key(4), (2, 4, 4))  # [query, response, rubric]
+    group_valid = jnp.array([[True, True, True, False], [True, True, True, True]])
+    reward, valid, _ = gr_method.policy_credit(scores, group_valid, RoundConfig())
+    reward, valid = np.asarray(reward, np.float64), np.asarray(valid)
+    assert valid.all() and np.ptp(reward, -1).min() > 0
+    centred = reward - reward.mean(-1, keepdims=True)
+    for config, want in ((RoundConfig(policy_advantage_mode="no_std"), centred),
+                         (RoundConfig(advantage_mode="no_std"), centred),
+                         (RoundConfig(advantage_mode="no_std", policy_advantage_mode="group_std"),
+                          centred / (reward.std(-1, keepdims=True) + 1e-6))):
+        _, _, advantages = gr_method.policy_credit(scores, group_valid, config)
+        np.testing.assert_allclose(np.asarray(advantages), want, rtol=1e-5, atol=1e-6)

@@ -195,6 +195,16 @@ def reward_coefficients(config: RoundConfig) -> dict[str, float]:
         "nonredundant_coef")}
 
 
+def policy_credit(scores: jax.Array, group_valid: jax.Array, cfg: RoundConfig
+                  ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The policy's rewards `[..., G N]` (`induced_response_rewards`), which of them count,
+    and their advantages over a query's G N responses in the policy's own advantage mode
+    (`RoundConfig.advantages`)."""
+    reward, valid = induced_response_rewards(scores, group_valid)
+    return reward, valid, grpo.group_advantages(reward, mode=cfg.advantages(Role.POLICY),
+                                                valid=valid)
+
+
 def induced_response_rewards(scores: jax.Array, group_valid: jax.Array
                              ) -> tuple[jax.Array, jax.Array]:
     """Policy rewards `[..., G N]` of the induced responses (`scores [..., G N, G]`, N per
@@ -252,7 +262,7 @@ def judge_stage(setup: RoundSetup, verifier_params: nnx.State, question: Questio
                               responses_per_group=cfg.induced_responses)
     group_valid = credit.group_valid
     item_mask = item_valid & group_valid[..., None]
-    policy_reward, policy_valid = induced_response_rewards(credit.scores, group_valid)
+    policy_reward, policy_valid, advantages = policy_credit(credit.scores, group_valid, cfg)
     negative = parsed.valid & (parsed.weights < 0)
     # The reward terms per response set (`response_sets`), averaged over the sets.
     n = cfg.induced_responses
@@ -282,8 +292,6 @@ def judge_stage(setup: RoundSetup, verifier_params: nnx.State, question: Questio
         "policy/truncated": 1.0 - responses.finished.mean(),
         "verifier/yes_rate": grpo.masked_mean(verdicts, item_valid[:, None]),
     }
-    advantages = grpo.group_advantages(policy_reward, mode=cfg.advantages(Role.POLICY),
-                                      valid=policy_valid)
     return Judged(credit, policy_reward, advantages, metrics)
 
 
@@ -314,7 +322,8 @@ def genrubric_round(setup: RoundSetup, state: RoundState, frozen: Frozen, batch:
     run = run or placement.colocated(setup)
     question = batch.question
     gen_input, rubrics, parsed = run(Role.GENERATOR, write_stage,
-                                     core.role_weights(state, frozen, Role.GENERATOR), question, rng)
+                                     core.role_weights(state, frozen, Role.GENERATOR), question,
+                                     rng)
     induced = run(Role.POLICY, induce_stage, core.role_weights(state, frozen, Role.POLICY),
                   question, rubrics, rng)
     judged = run(Role.VERIFIER, judge_stage, frozen.verifier, question, rubrics, parsed, induced,
