@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 import jax.numpy as jnp
@@ -490,3 +491,25 @@ def test_checker_advantages_rank_the_rubric_that_splits_the_answers_and_agrees_w
                                 mask.any(-1))
     np.testing.assert_allclose(got, want, atol=1e-6)
     assert got[0] > got[1]
+
+
+def test_a_workdir_built_with_another_config_is_refused_before_it_is_reused(tmp_path):
+    """A workdir caches warm starts and runs; another config (a default changed since, an
+    old workdir without a newer key) must not silently reuse them. Other `runs` may."""
+    from jaxrubric.toy import genrubric_world as gw
+
+    world.prepare_workdir(tmp_path, world.ToyWorldConfig())
+    world.prepare_workdir(tmp_path, world.ToyWorldConfig(runs=("oracle",)))  # adds runs only
+    with pytest.raises(ValueError, match=r"another config \(policy_advantage_mode: 'no_std' "
+                                         r"there, 'group_std' now\)"):
+        world.prepare_workdir(tmp_path, world.ToyWorldConfig(policy_advantage_mode="group_std"))
+    saved = json.loads((tmp_path / "toy_config.json").read_text())
+    del saved["policy_advantage_mode"]  # a workdir from before the key
+    (tmp_path / "toy_config.json").write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match="policy_advantage_mode: '\\(not set\\)' there"):
+        world.prepare_workdir(tmp_path, world.ToyWorldConfig())
+    other = tmp_path / "genrubric"
+    gw_config = gw.GenRubricWorldConfig(eval_queries=4)
+    assert world.prepare_workdir(other, gw_config)[0] == other
+    with pytest.raises(ValueError, match="eval_queries: 4 there, 128 now"):
+        world.prepare_workdir(other, gw.GenRubricWorldConfig())
