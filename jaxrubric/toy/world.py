@@ -769,7 +769,7 @@ def prepare_workdir(workdir: str | Path, cfg: Any) -> tuple[Path, Any]:
         unset = "(not set)"
         differ = [f"{key}: {before.get(key, unset)!r} there, {config.get(key, unset)!r} now"
                   for key in sorted((before.keys() | config.keys()) - {"runs"})
-                  if key not in before or key not in config or before[key] != config[key]]
+                  if before.get(key, unset) != config.get(key, unset)]
         if differ:
             raise ConfigMismatchError(
                 f"{workdir} holds a toy world built with another config ({'; '.join(differ)}): "
