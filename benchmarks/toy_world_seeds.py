@@ -4,9 +4,11 @@
 
 Runs `jaxrubric.toy.world.run_toy_world` once per seed (each seed's workdir is cached, so a
 rerun only re-reads) and prints, per seed, the final held-out quality of every run with its
-standard error (clustered by question), the co-evolving run's lead over the frozen and the
-static run with 95% intervals (±1.96 times the standard error of the difference of two
-independent evaluations), and Δgap on each run's own answers at the last evaluation (the
+standard error (clustered by question) from the world's final evaluation (every run's last
+policy, `final_samples` answers per question, the same sampling draws for every run:
+`jaxrubric/toy/final_eval.py`), the co-evolving run's lead over the frozen and the static run
+with 95% intervals (±1.96 times the standard error of the difference paired by question) and
+in standard errors, and Δgap on each run's own answers at the last evaluation (the
 paper's mechanism: it stays open under co-evolution and closes under a stale evaluator),
 with its standard error clustered by question. The ground-truth run's lead over the same
 two baselines is printed beside the co-evolving one's: the most any evaluator could lead by
@@ -36,7 +38,12 @@ from jaxrubric.toy.world import RUNS, ToyWorldConfig, run_toy_world
 
 def lead(summary: dict, a: str, b: str, key: str = "quality") -> tuple[float, float]:
     """`a`'s final quality (`key` "delta_gap": Δgap) minus `b`'s, and the half-width of its 95%
-    interval (summaries written before Δgap had a standard error: 0)."""
+    interval: quality from the final evaluation, paired by question (summaries written before
+    it: the last training-time evaluations, as two independent ones; summaries written
+    before Δgap had a standard error: 0)."""
+    final = summary.get("final", {}).get("leads", {}).get(f"{a}-{b}")
+    if key == "quality" and final:
+        return final["mean"], 1.96 * final["se"]
     values = summary[a] if key == "quality" else summary[key][a]
     others = summary[b] if key == "quality" else summary[key][b]
     errors = summary.get(f"{key}_se", {})
@@ -51,6 +58,19 @@ def gap_change(summary: dict, run: str) -> tuple[float, float]:
     gaps, errors = summary["delta_gap"][run], summary.get("delta_gap_se", {}).get(run)
     se = math.hypot(errors[0], errors[-1]) if errors else 0.0
     return gaps[-1] - gaps[0], 1.96 * se
+
+
+def quality_cell(summary: dict, run: str) -> str:
+    """`run`'s final quality ± its standard error (the final evaluation's where there is one)."""
+    final = summary.get("final")
+    if final:
+        return f"{final['quality'][run]:.3f} ± {final['quality_se'][run]:.3f}"
+    return f"{summary[run][-1]:.3f} ± {summary['quality_se'][run][-1]:.3f}"
+
+
+def lead_cell(mean: float, half_width: float) -> str:
+    ses = f" ({mean / (half_width / 1.96):+.1f} SE)" if half_width else ""
+    return f"{mean:+.3f} ± {half_width:.3f}{ses}"
 
 
 def gap_cell(summary: dict, run: str) -> str:
@@ -85,7 +105,8 @@ def print_report(rows: list[tuple[int, dict, float]]) -> None:
     """The seeds table and the across-seed leads, from (seed, summary.json, seconds) rows."""
     runs = [r for r in RUNS if r in rows[0][1]]
     print("\nfinal held-out quality ± standard error; leads of coevolve and of the ceiling "
-          "(oracle) with 95% intervals; Δgap on own answers at the last evaluation")
+          "(oracle) with 95% intervals (paired by question) and in standard errors; Δgap on own "
+          "answers at the last evaluation")
     pairs = [(a, b) for a in ("coevolve", "oracle") for b in ("frozen", "static")
              if a in runs and b in runs]
     head = ["seed", *runs, *(f"{a}-{b}" for a, b in pairs), *(f"Δgap {r}" for r in runs),
@@ -93,8 +114,8 @@ def print_report(rows: list[tuple[int, dict, float]]) -> None:
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for seed, summary, seconds in rows:
-        quality = [f"{summary[r][-1]:.3f} ± {summary['quality_se'][r][-1]:.3f}" for r in runs]
-        leads = ["{:+.3f} ± {:.3f}".format(*lead(summary, a, b)) for a, b in pairs]
+        quality = [quality_cell(summary, r) for r in runs]
+        leads = [lead_cell(*lead(summary, a, b)) for a, b in pairs]
         gaps = [gap_cell(summary, r) for r in runs]
         print(f"| {seed} | " + " | ".join([*quality, *leads, *gaps, f"{seconds / 60:.1f}"])
               + " |")

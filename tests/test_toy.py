@@ -292,6 +292,7 @@ def test_verifier_examples_are_balanced_and_labelled_by_the_checker(tokenizer):
     ("teacher_focus", "answers", "ToyWorldConfig.teacher_focus 'answers'"),
     ("anchors", "random", "ToyWorldConfig.anchors 'random'"),
     ("policy_advantage_mode", "std", "ToyWorldConfig.policy_advantage_mode 'std' is not one of"),
+    ("final_samples", 0, "ToyWorldConfig.final_samples must be >= 1"),
 ])
 def test_toy_config_names_a_bad_choice(field, value, message):
     with pytest.raises(ValueError, match=message):

@@ -115,10 +115,12 @@ def test_the_toy_worlds_graph(tmp_path):
     assert world.run_generator(tmp_path, world.ToyWorldConfig(stale_rounds=0),
                                "frozen") == models / "generator"
     assert "warm start: generator_cold" in after["generator rounds"]
+    # The final evaluation reads every run's last policy.
+    assert after["final evaluation"] == tuple(f"run: {name}" for name in world.RUNS)
     no_static = world.world_stages(tmp_path, world.ToyWorldConfig(runs=("coevolve",)))
     assert [s.name for s in no_static] == [
         "warm start: verifier", "warm start: policy", "warm start: generator_cold",
-        "generator rounds", "run: coevolve"]
+        "generator rounds", "run: coevolve", "final evaluation"]
 
 
 def test_train_passes_jobs_to_the_toy_world(tmp_path, monkeypatch):

@@ -32,6 +32,7 @@ import jaxrubric
 from jaxrubric.data import load_healthbench, prompt_text
 from jaxrubric.rubric import templates as tpl
 from jaxrubric.toy import digits_task as task
+from jaxrubric.toy import final_eval
 from jaxrubric.toy import genrubric_world as gw
 from jaxrubric.toy import signed_rubrics as sr
 from jaxrubric.toy import world
@@ -67,7 +68,6 @@ def _policy_answers(workdir: Path, run: str | None, samples: int, seed: int,
                     questions: int | None = None) -> list[tuple[dict, list[str]]]:
     """Each held-out row (the first `questions`; None: all) with `samples` answers of the
     policy of `run` (None: the warm start), sampled at temperature 1 as in a round."""
-    from jaxrubric.sampling import generate
     from jaxrubric.train import export
 
     tokenizer = jaxrubric.load_tokenizer(workdir / "tokenizer")
@@ -78,12 +78,9 @@ def _policy_answers(workdir: Path, run: str | None, samples: int, seed: int,
             export(workdir / "runs" / run, "policy", model_dir, oracle=task.oracle_reward)
     rows = [json.loads(line) for line in
             (workdir / "data" / "eval.jsonl").read_text().splitlines()][:questions]
-    out = generate(jaxrubric.load_pretrained(model_dir),
-                   [world.policy_prompt(tokenizer, r["prompt"]) for r in rows], max_new_tokens=8,
-                   rng=jax.random.key(seed), num_samples=samples, pad_id=tokenizer.pad_token_id)
-    return [(row, [tokenizer.decode(ids[:n], skip_special_tokens=True)
-                   for ids, n in zip(tokens, lengths)])
-            for row, tokens, lengths in zip(rows, np.asarray(out.tokens), np.asarray(out.lengths))]
+    prompts = [world.policy_prompt(tokenizer, r["prompt"]) for r in rows]
+    return list(zip(rows, final_eval.sample_answers(model_dir, tokenizer, prompts, samples, seed,
+                                                    max_new_tokens=8)))
 
 
 def mistakes_of(answer: str, prompt: str) -> dict[str, bool]:
