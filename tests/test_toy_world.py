@@ -6,12 +6,13 @@ held-out ground-truth quality: the check that fails when the learning signal bre
 reward of 0, a verifier that says "no" to everything, a generator update that never reaches
 the policy). It must also show the part of DynamicRubric's claim that 10 rounds can show: the
 answer-seeing generator's rubrics keep wider score gaps between the policy's own answers than
-the prompt-only (static) generator's (Δgap, the paper's Eq. 2). Which final quality is higher,
-and whether the stale evaluator's gaps close, take the full 90 rounds and several seeds (the
-README's table); a 10-round world cannot hold them. It runs as `jaxrubric train` does, in a
-process of its own on one CPU device (the suite's 8 fake devices would only add collectives
-on a 2-core runner). The notebook then runs in a fresh kernel against the same workdir, where
-every step is cached, so it only re-plots.
+the prompt-only (static) generator's (Δgap, the paper's Eq. 2), and its policy ends above the
+static run's in the final evaluation, paired by question. Whether it ends above the frozen
+run's, and whether the stale evaluator's gaps close, take the full 90 rounds and several
+seeds (the README's table); a 10-round world cannot hold them. It runs as `jaxrubric train`
+does, in a process of its own on one CPU device (the suite's 8 fake devices would only add
+collectives on a 2-core runner). The notebook then runs in a fresh kernel against the same
+workdir, where every step is cached, so it only re-plots.
 """
 
 from __future__ import annotations

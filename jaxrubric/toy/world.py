@@ -39,22 +39,23 @@ should fall behind: the policy also writes stray letters, and which letter only 
 show; a generator that sees the prompt alone cannot write "omits <that letter>".
 
 What the defaults are measured to do (issue 12; the README's toy section has the tables): over
-seeds 0-2, from round 0 to 90, the co-evolving evaluator's Δgap (the gap between its scores of
-its policy's better and worse answers) widens by +0.196 ± 0.014 (standard error across seeds;
-on all three) while the stale one's narrows by 0.213 ± 0.032 and the static one's by 0.169 ±
-0.026; at round 90 it is above the stale one's by +0.357 ± 0.018 and the static one's by
-+0.500 ± 0.021, on all three. The co-evolving run's held-out quality is above the static run's
-by +0.055 ± 0.009 (by at least 5.9 of their evaluation standard errors on every seed: the
-prompt-only generator cannot name the stray letter a policy writes) and above the frozen
-run's by +0.019 ± 0.013 (1.8, 4.9 and 0.5 standard errors; the ground truth leads the frozen
-run by only 0.3 standard errors on seed 2). What made that measurable: a mistake the
-prompt does not foretell (stray letters, `policy_stray`; without one the static run was
-level with the ceiling) written with letters no template holds
+seeds 0-4, from round 0 to 90, the co-evolving evaluator's Δgap (the gap between its scores of
+its policy's better and worse answers) widens by +0.190 ± 0.014 (standard error across seeds;
+on all five) while the stale one's narrows by 0.149 ± 0.044 and the static one's by 0.139 ±
+0.024; at round 90 it is above the stale one's by +0.291 ± 0.041 and the static one's by
++0.486 ± 0.016, on all five. In the final evaluation the co-evolving run's policy is above
+the static run's by +0.066 ± 0.009 (13.7 to 25.2 standard errors of the paired difference
+on every seed: the prompt-only generator cannot name the stray letter a policy writes) and
+above the frozen run's by +0.017 ± 0.008 (9.2, 9.2, 2.2, 6.6 and 7.2 standard errors; on
+seed 2 the ground truth itself leads the frozen run by only 0.5). What made that measurable:
+a mistake the prompt does not foretell (stray letters, `policy_stray`; without one the static
+run was level with the ceiling) written with letters no template holds
 (`digits_task.STRAY_LETTERS`), a policy warm start that writes in the task's format
 (`policy_steps`), runs long enough for the stale evaluator to fall behind (`rounds`),
 generator warm starts long enough to aim and to read the letter off the answers
-(`generator_steps`), and policy advantages that follow the size of the score gaps, not only
-their order (`policy_advantage_mode`). Co-evolution starts after 10 generator rounds: 40
+(`generator_steps`), policy advantages that follow the size of the score gaps, not only
+their order (`policy_advantage_mode`), and a final evaluation that compares the runs paired
+by question (`final_samples`). Co-evolution starts after 10 generator rounds: 40
 wore down the items the co-evolving generator later needs (`has <big digit>`, the check on
 the mistake the policy makes next).
 
@@ -106,8 +107,8 @@ STATIC_RUNS = ("static",)
 
 @dataclasses.dataclass(frozen=True)
 class ToyWorldConfig:
-    """Sizes and budgets of the toy world (the defaults took 9 min 25 s from scratch on an
-    idle 2-core box, stop 41, in two worker processes, `jaxrubric train`'s default there; the
+    """Sizes and budgets of the toy world (the defaults took TIMING from scratch on an
+    idle 2-core box, stop 43, in two worker processes, `jaxrubric train`'s default there; the
     world's `timings.json` splits its time by stage: the generators' warm starts are half)."""
 
     seed: int = 0
