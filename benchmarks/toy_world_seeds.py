@@ -33,39 +33,33 @@ import math
 import time
 from pathlib import Path
 
-from jaxrubric.toy.world import RUNS, ToyWorldConfig, run_toy_world
+from jaxrubric.toy.final_eval import mean_and_se
+from jaxrubric.toy.world import LEADS, RUNS, ToyWorldConfig, run_toy_world
 
 
 def lead(summary: dict, a: str, b: str, key: str = "quality") -> tuple[float, float]:
     """`a`'s final quality (`key` "delta_gap": Δgap) minus `b`'s, and the half-width of its 95%
-    interval: quality from the final evaluation, paired by question (summaries written before
-    it: the last training-time evaluations, as two independent ones; summaries written
-    before Δgap had a standard error: 0)."""
-    final = summary.get("final", {}).get("leads", {}).get(f"{a}-{b}")
-    if key == "quality" and final:
-        return final["mean"], 1.96 * final["se"]
-    values = summary[a] if key == "quality" else summary[key][a]
-    others = summary[b] if key == "quality" else summary[key][b]
-    errors = summary.get(f"{key}_se", {})
-    se = math.hypot(*(errors.get(r, [0.0])[-1] or 0.0 for r in (a, b)))
-    return values[-1] - others[-1], 1.96 * se
+    interval: quality from the final evaluation, paired by question; Δgap from the last
+    training-time evaluations, as two independent ones (each samples its own answers)."""
+    if key == "quality":
+        paired = summary["final"]["leads"][f"{a}-{b}"]
+        return paired["mean"], 1.96 * paired["se"]
+    gaps, errors = summary["delta_gap"], summary["delta_gap_se"]
+    return gaps[a][-1] - gaps[b][-1], 1.96 * math.hypot(errors[a][-1], errors[b][-1])
 
 
 def gap_change(summary: dict, run: str) -> tuple[float, float]:
     """`run`'s Δgap at the last evaluation minus at the first (the paper's saturation: an
     evaluator whose gaps on the policy's own answers close as the policy moves on), and the
     half-width of its 95% interval (the two evaluations sample independent answers)."""
-    gaps, errors = summary["delta_gap"][run], summary.get("delta_gap_se", {}).get(run)
-    se = math.hypot(errors[0], errors[-1]) if errors else 0.0
-    return gaps[-1] - gaps[0], 1.96 * se
+    gaps, errors = summary["delta_gap"][run], summary["delta_gap_se"][run]
+    return gaps[-1] - gaps[0], 1.96 * math.hypot(errors[0], errors[-1])
 
 
 def quality_cell(summary: dict, run: str) -> str:
-    """`run`'s final quality ± its standard error (the final evaluation's where there is one)."""
-    final = summary.get("final")
-    if final:
-        return f"{final['quality'][run]:.3f} ± {final['quality_se'][run]:.3f}"
-    return f"{summary[run][-1]:.3f} ± {summary['quality_se'][run][-1]:.3f}"
+    """`run`'s quality in the final evaluation ± its standard error."""
+    final = summary["final"]
+    return f"{final['quality'][run]:.3f} ± {final['quality_se'][run]:.3f}"
 
 
 def lead_cell(mean: float, half_width: float) -> str:
@@ -74,8 +68,7 @@ def lead_cell(mean: float, half_width: float) -> str:
 
 
 def gap_cell(summary: dict, run: str) -> str:
-    se = summary.get("delta_gap_se", {}).get(run, [None])[-1]
-    return f"{summary['delta_gap'][run][-1]:.3f}" + (f" ± {se:.3f}" if se is not None else "")
+    return f"{summary['delta_gap'][run][-1]:.3f} ± {summary['delta_gap_se'][run][-1]:.3f}"
 
 
 def main() -> None:
@@ -94,21 +87,13 @@ def main() -> None:
     print_report(rows)
 
 
-def mean_and_se(values: list[float]) -> tuple[float, float]:
-    """The mean and its standard error across seeds."""
-    mean = sum(values) / len(values)
-    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)
-                           / len(values))
-
-
 def print_report(rows: list[tuple[int, dict, float]]) -> None:
     """The seeds table and the across-seed leads, from (seed, summary.json, seconds) rows."""
     runs = [r for r in RUNS if r in rows[0][1]]
     print("\nfinal held-out quality ± standard error; leads of coevolve and of the ceiling "
           "(oracle) with 95% intervals (paired by question) and in standard errors; Δgap on own "
           "answers at the last evaluation")
-    pairs = [(a, b) for a in ("coevolve", "oracle") for b in ("frozen", "static")
-             if a in runs and b in runs]
+    pairs = [pair for pair in LEADS if set(pair) <= set(runs)]
     head = ["seed", *runs, *(f"{a}-{b}" for a, b in pairs), *(f"Δgap {r}" for r in runs),
             "minutes"]
     print("| " + " | ".join(head) + " |")

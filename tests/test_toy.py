@@ -495,11 +495,14 @@ def test_checker_advantages_rank_the_rubric_that_splits_the_answers_and_agrees_w
 
 def test_a_workdir_built_with_another_config_is_refused_before_it_is_reused(tmp_path):
     """A workdir caches warm starts and runs; another config (a default changed since, an
-    old workdir without a newer key) must not silently reuse them. Other `runs` may."""
+    old workdir without a newer key) must not silently reuse them. Other `runs` and
+    `final_samples` (`world.REUSABLE_SETTINGS`) may."""
     from jaxrubric.toy import genrubric_world as gw
 
     world.prepare_workdir(tmp_path, world.ToyWorldConfig())
     world.prepare_workdir(tmp_path, world.ToyWorldConfig(runs=("oracle",)))  # adds runs only
+    # The final evaluation's samples: it is redone whenever the world runs, not cached.
+    world.prepare_workdir(tmp_path, world.ToyWorldConfig(final_samples=4))
     with pytest.raises(ValueError, match=r"another config \(policy_advantage_mode: 'no_std' "
                                          r"there, 'group_std' now\)"):
         world.prepare_workdir(tmp_path, world.ToyWorldConfig(policy_advantage_mode="group_std"))

@@ -79,7 +79,10 @@ def _policy_answers(workdir: Path, run: str | None, samples: int, seed: int,
     rows = [json.loads(line) for line in
             (workdir / "data" / "eval.jsonl").read_text().splitlines()][:questions]
     prompts = [world.policy_prompt(tokenizer, r["prompt"]) for r in rows]
-    return list(zip(rows, final_eval.sample_answers(model_dir, tokenizer, prompts, samples, seed,
+    # 8 new tokens (a round allows `world.POLICY_TOKENS`): the diagnostics' figures in the
+    # README and the docstrings were measured so; a longer answer is rare, and cut short here.
+    return list(zip(rows, final_eval.sample_answers(model_dir, tokenizer, prompts,
+                                                    samples=samples, seed=seed,
                                                     max_new_tokens=8)))
 
 

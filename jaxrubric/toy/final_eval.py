@@ -36,8 +36,11 @@ class Lead:
 
     @property
     def in_ses(self) -> float:
-        """The lead in standard errors (inf for an exact, noiseless lead)."""
-        return self.mean / self.se if self.se > 0 else math.copysign(math.inf, self.mean)
+        """The lead in standard errors (0 for two runs that agree on every question; inf for
+        a lead of the same size on every question)."""
+        if self.se > 0:
+            return self.mean / self.se
+        return math.copysign(math.inf, self.mean) if self.mean else 0.0
 
 
 def paired_lead(a: Sequence[float], b: Sequence[float]) -> Lead:
@@ -51,14 +54,15 @@ def paired_lead(a: Sequence[float], b: Sequence[float]) -> Lead:
     return Lead(float(diff.mean()), float(diff.std(ddof=1) / math.sqrt(len(diff))))
 
 
-def mean_and_se(per_question: Sequence[float]) -> tuple[float, float]:
-    """A run's mean quality over questions and its standard error clustered by question."""
-    values = np.asarray(per_question, np.float64)
+def mean_and_se(values: Sequence[float]) -> tuple[float, float]:
+    """The mean and its standard error (`ddof=1`): of a run's per-question qualities, its
+    quality clustered by question; of one lead over seeds, its spread across them."""
+    values = np.asarray(values, np.float64)
     return float(values.mean()), float(values.std(ddof=1) / math.sqrt(len(values)))
 
 
 def sample_answers(model_dir: str | Path, tokenizer: Any, prompts: Sequence[Sequence[int]],
-                   samples: int, seed: int, max_new_tokens: int) -> list[list[str]]:
+                   *, samples: int, seed: int, max_new_tokens: int) -> list[list[str]]:
     """`samples` answers per prompt (token ids) of the HF checkpoint at `model_dir`, sampled
     at temperature 1 as in a round, from `jax.random.key(seed)`: the same key gives two
     checkpoints the same draws."""
@@ -74,12 +78,13 @@ def per_question_quality(model_dir: str | Path, tokenizer: Any, questions: Seque
                          prompts: Sequence[Sequence[int]], quality: Callable[[str, str], float],
                          *, samples: int, seed: int, max_new_tokens: int) -> list[float]:
     """Each question's mean `quality(answer, question)` over `samples` sampled answers."""
-    answers = sample_answers(model_dir, tokenizer, prompts, samples, seed, max_new_tokens)
+    answers = sample_answers(model_dir, tokenizer, prompts, samples=samples, seed=seed,
+                             max_new_tokens=max_new_tokens)
     return [float(np.mean([quality(a, q) for a in row])) for q, row in zip(questions, answers)]
 
 
-def summarize(per_question: dict[str, list[float]], pairs: Sequence[tuple[str, str]],
-              samples: int) -> dict[str, Any]:
+def final_summary(per_question: dict[str, list[float]], pairs: Sequence[tuple[str, str]],
+                  samples: int) -> dict[str, Any]:
     """The final evaluation as `summary.json` keeps it: each run's mean quality and standard
     error, and each pair's paired lead (`"a-b": {"mean", "se"}`)."""
     stats = {run: mean_and_se(values) for run, values in per_question.items()}

@@ -17,9 +17,9 @@ the whole stack on it, every role a real transformer LM from our own model code:
    of the policy every few rounds: **coevolve** (both roles train), **frozen** (the stale
    evaluator of step 3), **static** (a generator that sees the prompt alone, co-trained on
    the same rewards), **oracle** (the policy rewarded by ground truth itself: the ceiling);
-5. a final evaluation: every run's last policy answers each held-out question 16 times, all
-   runs with the same sampling draws (`toy/final_eval.py`), so two runs' quality difference
-   is paired by question;
+5. a final evaluation: every run's last policy answers each held-out question
+   `final_samples` (16) times, all runs with the same sampling draws (`toy/final_eval.py`),
+   so two runs' quality difference is paired by question;
 6. `summary.json` = the quality curves, their standard errors and Δgap on each run's own
    answers, the final evaluation with its paired leads, `quality.png` plotting the curves,
    and a table.
@@ -47,9 +47,9 @@ on all five) while the stale one's narrows by 0.149 ± 0.044 and the static one'
 the static run's by +0.066 ± 0.009 (13.7 to 25.2 standard errors of the paired difference
 on every seed: the prompt-only generator cannot name the stray letter a policy writes) and
 above the frozen run's by +0.017 ± 0.008 (9.2, 9.2, 2.2, 6.6 and 7.2 standard errors; on
-seed 2 the ground truth itself leads the frozen run by only 0.5). What made that measurable:
-a mistake the prompt does not foretell (stray letters, `policy_stray`; without one the static
-run was level with the ceiling) written with letters no template holds
+seed 2 the ground truth itself leads the frozen run by only 0.5 of them). What made that
+measurable: a mistake the prompt does not foretell (stray letters, `policy_stray`; without
+one the static run was level with the ceiling) written with letters no template holds
 (`digits_task.STRAY_LETTERS`), a policy warm start that writes in the task's format
 (`policy_steps`), runs long enough for the stale evaluator to fall behind (`rounds`),
 generator warm starts long enough to aim and to read the letter off the answers
@@ -99,6 +99,10 @@ LEADS = (("coevolve", "frozen"), ("coevolve", "static"), ("oracle", "frozen"),
          ("oracle", "static"))
 POLICY_TOKENS = 16  # the longest answer a policy writes, in rounds and in the final evaluation
 FINAL_FILE = "final_eval.json"
+FINAL_KEY_OFFSET = 20_000  # the final evaluation's sampling key: seed + this (held-out data's: 10k)
+# Settings a workdir's cache does not depend on: which runs a world compares, and how its final
+# evaluation samples (redone whenever the world runs). Any other difference is refused.
+REUSABLE_SETTINGS = ("runs", "final_samples")
 TEACHER_FOCUS = ("contested", "prompt")
 GENERATOR_REFERENCES = ("run_start", "cold_start")  # ToyWorldConfig.generator_reference
 # The runs whose generator sees only the prompt (DynamicRubric's static baseline).
@@ -107,7 +111,7 @@ STATIC_RUNS = ("static",)
 
 @dataclasses.dataclass(frozen=True)
 class ToyWorldConfig:
-    """Sizes and budgets of the toy world (the defaults took TIMING from scratch on an
+    """Sizes and budgets of the toy world (the defaults took 13 min 18 s from scratch on an
     idle 2-core box, stop 43, in two worker processes, `jaxrubric train`'s default there; the
     world's `timings.json` splits its time by stage: the generators' warm starts are half)."""
 
@@ -708,28 +712,29 @@ def run_generator(workdir: Path, cfg: ToyWorldConfig, name: str) -> Path:
 def final_evaluation(workdir: Path, cfg: ToyWorldConfig) -> dict[str, list[float]]:
     """Every run's last policy on every held-out question, `cfg.final_samples` answers each,
     all runs from one sampling key (`toy/final_eval.py`): per run, each question's mean
-    quality, kept in `final_eval.json` (a run already there is not evaluated again)."""
+    quality, written to `final_eval.json`. Redone whenever the world runs (about 8 s), so it
+    always reads the runs' current checkpoints."""
     from jaxrubric.train import export
 
-    path, seed = workdir / FINAL_FILE, cfg.seed + 20_000
-    kept = json.loads(path.read_text()) if path.exists() else {}
-    if (kept.get("samples"), kept.get("seed")) != (cfg.final_samples, seed):
-        kept = {"samples": cfg.final_samples, "seed": seed, "quality": {}}
+    seed = cfg.seed + FINAL_KEY_OFFSET
     tokenizer = use_workdir(workdir)
     rows = [json.loads(line) for line in
             (workdir / "data" / "eval.jsonl").read_text().splitlines()]
     questions = [row["prompt"] for row in rows]
     prompts = [policy_prompt(tokenizer, q) for q in questions]
+    per_question = {}
     for name in cfg.runs:
-        if name in kept["quality"]:
-            continue
         model_dir = export(workdir / "runs" / name, "policy", workdir / "exported" / name,
                            oracle=task.oracle_reward)
-        kept["quality"][name] = final_eval.per_question_quality(
+        per_question[name] = final_eval.per_question_quality(
             model_dir, tokenizer, questions, prompts, task.quality, samples=cfg.final_samples,
             seed=seed, max_new_tokens=POLICY_TOKENS)
-        path.write_text(json.dumps(kept))
-    return {name: kept["quality"][name] for name in cfg.runs}
+    path = workdir / FINAL_FILE
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps({"samples": cfg.final_samples, "seed": seed,
+                                   "per_question": per_question}))
+    partial.replace(path)  # a crash leaves the last complete file
+    return per_question
 
 
 # ---------------------------------------------------------------------------------- result
@@ -755,9 +760,10 @@ def summarize(workdir: Path, cfg: ToyWorldConfig) -> dict[str, Any]:
     summary["rounds"] = [p["round"] for p in next(iter(curves.values()))]
     for key in CURVES[1:]:
         summary[key] = {name: [p[key] for p in c] for name, c in curves.items()}
-    if (workdir / FINAL_FILE).exists():
-        summary["final"] = final_eval.summarize(final_evaluation(workdir, cfg), LEADS,
-                                                cfg.final_samples)
+    if (workdir / FINAL_FILE).exists():  # the world's last stage
+        final = json.loads((workdir / FINAL_FILE).read_text())
+        summary["final"] = final_eval.final_summary(final["per_question"], LEADS,
+                                                    final["samples"])
     summary["config"] = dataclasses.asdict(cfg)
     (workdir / "summary.json").write_text(json.dumps(summary, indent=1))
     plot(summary, workdir / "quality.png", cfg.runs)
@@ -817,9 +823,9 @@ def prepare_workdir(workdir: str | Path, cfg: Any) -> tuple[Path, Any]:
     """A world's workdir made (absolute), its config (a dataclass) saved, and the toy tokenizer
     built there once; then `use_workdir`: returns the workdir and the tokenizer.
 
-    A workdir that a world with another config (other than its `runs`) was saved in is refused
-    before anything loads: its cached warm starts and runs would be reused as if they were
-    this config's (a default changed since, or another setting)."""
+    A workdir that a world with another config (other than its `REUSABLE_SETTINGS`) was saved
+    in is refused before anything loads: its cached warm starts and runs would be reused as if
+    they were this config's (a default changed since, or another setting)."""
     workdir = Path(workdir).absolute()
     workdir.mkdir(parents=True, exist_ok=True)
     saved, config = workdir / "toy_config.json", json.loads(json.dumps(dataclasses.asdict(cfg)))
@@ -827,7 +833,7 @@ def prepare_workdir(workdir: str | Path, cfg: Any) -> tuple[Path, Any]:
         before = json.loads(saved.read_text())
         unset = "(not set)"
         differ = [f"{key}: {before.get(key, unset)!r} there, {config.get(key, unset)!r} now"
-                  for key in sorted((before.keys() | config.keys()) - {"runs"})
+                  for key in sorted((before.keys() | config.keys()) - set(REUSABLE_SETTINGS))
                   if before.get(key, unset) != config.get(key, unset)]
         if differ:
             raise ConfigMismatchError(
@@ -869,10 +875,6 @@ def _run_stage(workdir: Path, cfg: ToyWorldConfig, name: str) -> None:
     _train_run(name, workdir, write_data(workdir, cfg), cfg, run_generator(workdir, cfg, name))
 
 
-def _final_stage(workdir: Path, cfg: ToyWorldConfig) -> None:
-    final_evaluation(workdir, cfg)
-
-
 def world_stages(workdir: Path, cfg: ToyWorldConfig) -> list[stages_lib.Stage]:
     """The world's stages in a serial order, each with what it reads: the warm starts, the
     generators' own rounds (each against the warm-started policy, judged by the verifier),
@@ -900,7 +902,7 @@ def world_stages(workdir: Path, cfg: ToyWorldConfig) -> list[stages_lib.Stage]:
 
     graph += [Stage(f"run: {name}", _run_stage, (workdir, cfg, name), (start(name),))
               for name in cfg.runs]
-    graph.append(Stage("final evaluation", _final_stage, (workdir, cfg),
+    graph.append(Stage("final evaluation", final_evaluation, (workdir, cfg),
                        tuple(f"run: {name}" for name in cfg.runs)))
     return graph
 
