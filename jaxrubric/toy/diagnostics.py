@@ -76,8 +76,7 @@ def _policy_answers(workdir: Path, run: str | None, samples: int, seed: int,
         model_dir = workdir / "exported" / run
         if not (model_dir / "config.json").exists():
             export(workdir / "runs" / run, "policy", model_dir, oracle=task.oracle_reward)
-    rows = [json.loads(line) for line in
-            (workdir / "data" / "eval.jsonl").read_text().splitlines()][:questions]
+    rows = world.held_out_rows(workdir)[:questions]
     prompts = [world.policy_prompt(tokenizer, r["prompt"]) for r in rows]
     # 8 new tokens (a round allows `world.POLICY_TOKENS`): the diagnostics' figures in the
     # README and the docstrings were measured so; a longer answer is rare, and cut short here.

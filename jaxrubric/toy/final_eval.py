@@ -50,8 +50,7 @@ def paired_lead(a: Sequence[float], b: Sequence[float]) -> Lead:
     if a.ndim != 1 or a.shape != b.shape or len(a) < 2:
         raise ValueError(f"paired_lead needs two equal-length lists of >= 2 questions, got "
                          f"shapes {a.shape} and {b.shape}")
-    diff = a - b
-    return Lead(float(diff.mean()), float(diff.std(ddof=1) / math.sqrt(len(diff))))
+    return Lead(*mean_and_se(a - b))
 
 
 def mean_and_se(values: Sequence[float]) -> tuple[float, float]:

@@ -709,6 +709,12 @@ def run_generator(workdir: Path, cfg: ToyWorldConfig, name: str) -> Path:
     return workdir / "models" / "generator"
 
 
+def held_out_rows(workdir: Path) -> list[dict[str, Any]]:
+    """The held-out anchor lists `write_data` wrote, in order."""
+    return [json.loads(line) for line in
+            (workdir / "data" / "eval.jsonl").read_text().splitlines()]
+
+
 def final_evaluation(workdir: Path, cfg: ToyWorldConfig) -> dict[str, list[float]]:
     """Every run's last policy on every held-out question, `cfg.final_samples` answers each,
     all runs from one sampling key (`toy/final_eval.py`): per run, each question's mean
@@ -718,9 +724,7 @@ def final_evaluation(workdir: Path, cfg: ToyWorldConfig) -> dict[str, list[float
 
     seed = cfg.seed + FINAL_KEY_OFFSET
     tokenizer = use_workdir(workdir)
-    rows = [json.loads(line) for line in
-            (workdir / "data" / "eval.jsonl").read_text().splitlines()]
-    questions = [row["prompt"] for row in rows]
+    questions = [row["prompt"] for row in held_out_rows(workdir)]
     prompts = [policy_prompt(tokenizer, q) for q in questions]
     per_question = {}
     for name in cfg.runs:
