@@ -1,14 +1,24 @@
-"""Meshes and the one table that maps logical parameter axes to mesh axes.
+"""Meshes and the one table that maps logical axes, of parameters and of activations, to mesh
+axes.
 
-Models name their axes (`vocab`, `embed`, `heads`, ...); this module alone decides where those
-go on the `data` x `fsdp` x `tensor` mesh. A logical axis whose mesh axes do not divide the
-dimension (e.g. one kv head on a 4-way tensor axis) stays replicated rather than failing.
+Models name their axes (`vocab`, `embed`, `heads`, ...; activations `activation_batch`,
+`activation_mlp`, ...); this module alone decides where those go on the `data` x `fsdp` x
+`tensor` mesh. A logical axis whose mesh axes do not divide the dimension (e.g. one kv head on
+a 4-way tensor axis) stays replicated rather than failing.
+
+Activations are placed by `constrain` under the layout a program is traced in
+(`activation_layout`): without those constraints XLA's partitioner follows the FSDP-sharded
+weights, splits activations along their hidden dimension and keeps every row of the batch on
+every chip.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -20,6 +30,20 @@ MESH_AXES = ("data", "fsdp", "tensor")
 
 Rules = tuple[tuple[str, str | tuple[str, ...] | None], ...]
 
+# Activations: rows split over every batch axis, the feature dimensions a tensor-parallel
+# layer splits (heads, the MLP's intermediate, the vocabulary) over `tensor`, the residual
+# stream's own width whole.
+ACTIVATION_RULES: Rules = (
+    ("activation_batch", ("data", "fsdp")),
+    ("activation_length", None),
+    ("activation_embed", None),
+    ("activation_heads", "tensor"),
+    ("activation_kv_heads", "tensor"),
+    ("activation_head_dim", None),
+    ("activation_mlp", "tensor"),
+    ("activation_vocab", "tensor"),
+)
+
 # Training: parameters sharded FSDP-style over `fsdp`, tensor-parallel over `tensor`.
 TRAINING_RULES: Rules = (
     ("batch", ("data", "fsdp")),
@@ -30,6 +54,7 @@ TRAINING_RULES: Rules = (
     ("mlp", "tensor"),
     ("head_dim", None),
     ("layers", None),
+    *ACTIVATION_RULES,
 )
 
 # Sampling: weights whole on every data/fsdp replica (no per-token all-gathers while decoding),
@@ -78,9 +103,14 @@ def single_device_mesh(device: jax.Device | None = None) -> Mesh:
 
 
 def logical_to_spec(logical_axes: Sequence[str | None], shape: Sequence[int], mesh: Mesh,
-                    rules: Rules = TRAINING_RULES) -> PartitionSpec:
+                    rules: Rules = TRAINING_RULES, *, undivided: Any = None) -> PartitionSpec:
     """The PartitionSpec for one array: each logical axis gets the mesh axes the rules give it,
-    unless they do not divide the dimension or are already used by an earlier axis."""
+    unless they do not divide the dimension or are already used by an earlier axis.
+
+    An axis the rules split but whose mesh axes do not divide it gets `undivided`: None
+    (replicated) for parameters; `PartitionSpec.UNCONSTRAINED` for activations (`constrain`),
+    so the partitioner keeps its own choice there instead of being forced to replicate.
+    """
     table = dict(rules)
     used: set[str] = set()
     spec = []
@@ -89,12 +119,61 @@ def logical_to_spec(logical_axes: Sequence[str | None], shape: Sequence[int], me
         axes = (target,) if isinstance(target, str) else tuple(target or ())
         axes = tuple(a for a in axes if a not in used and mesh.shape.get(a, 1) > 1)
         size = math.prod(mesh.shape[a] for a in axes)
-        if not axes or dim % size:
+        if not axes:
             spec.append(None)
+            continue
+        if dim % size:
+            spec.append(undivided)
             continue
         used.update(axes)
         spec.append(axes[0] if len(axes) == 1 else axes)
     return PartitionSpec(*spec)
+
+
+@dataclasses.dataclass(frozen=True)
+class ActivationLayout:
+    """Where a traced program's activations go: its mesh and the rules table it reads."""
+
+    mesh: Mesh
+    rules: Rules = TRAINING_RULES
+
+
+_LAYOUT: contextvars.ContextVar[ActivationLayout | None] = contextvars.ContextVar(
+    "activation_layout", default=None)
+
+
+@contextlib.contextmanager
+def activation_layout(mesh: Mesh, rules: Rules = TRAINING_RULES) -> Iterator[ActivationLayout]:
+    """Activations traced inside are constrained to `mesh` by `rules` (`constrain`).
+
+    Set where a program is traced (the round, a stage, an SFT step, a sampler): the model code
+    names its activations' axes and never sees a mesh.
+    """
+    token = _LAYOUT.set(ActivationLayout(mesh, rules))
+    try:
+        yield _LAYOUT.get()
+    finally:
+        _LAYOUT.reset(token)
+
+
+def current_layout() -> ActivationLayout | None:
+    """The layout set by the innermost `activation_layout`, or None outside any."""
+    return _LAYOUT.get()
+
+
+def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
+    """`x` constrained to the current layout's placement of `logical_axes` (one per dimension).
+
+    Outside an `activation_layout` (eager calls, a test's plain `jax.jit`) and on a
+    one-device mesh there is nothing to place, and `x` is returned as it is. The device kind
+    never matters: an ahead-of-time TPU compile traced on a CPU host keeps every constraint.
+    """
+    layout = _LAYOUT.get()
+    if layout is None or layout.mesh.size == 1:
+        return x
+    spec = logical_to_spec(logical_axes, x.shape, layout.mesh, layout.rules,
+                           undivided=PartitionSpec.UNCONSTRAINED)
+    return jax.lax.with_sharding_constraint(x, NamedSharding(layout.mesh, spec))
 
 
 def vocab_multiple(mesh: Mesh | None, rules: Rules = TRAINING_RULES) -> int:
