@@ -1,4 +1,4 @@
-"""Query-chunked attention: the same logits and gradients as the dense einsum, less memory."""
+"""Query-chunked attention (`models.attention`): the same logits and gradients as the dense einsum, less memory."""
 
 import jax
 import jax.numpy as jnp

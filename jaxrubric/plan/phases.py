@@ -84,7 +84,7 @@ class Local:
         return r * t * self.hidden * self.c
 
     def chunked(self, t: int) -> bool:
-        """Whether `t` queries go through `transformer.chunked_attention`."""
+        """Whether `t` queries go through `attention.chunked_attention`."""
         return 0 < self.chunk < t
 
     def blocks(self, r: int, t: int, s: int) -> int:
@@ -113,7 +113,7 @@ class Local:
         return self.blocks(r, t, s)
 
     def _branch_block(self, branches: int, length: int) -> int:
-        """The positions of every branch one block of `transformer.branch_attention` holds:
+        """The positions of every branch one block of `attention.branch_attention` holds:
         `max(1, Q // branches)`, or all `length` when its queries stay one einsum."""
         rows = max(1, self.chunk // branches)
         return rows if 0 < self.chunk and rows < length else length
@@ -126,7 +126,7 @@ class Local:
                                   prefix + branches * length)
 
     def branch_attention(self, r: int, prefix: int, branches: int, length: int) -> int:
-        """`transformer.branch_attention`'s temporaries: the `length` queries of each of
+        """`attention.branch_attention`'s temporaries: the `length` queries of each of
         `branches` branches score the prefix's keys and their own; chunked, a block holds
         `max(1, Q // branches)` positions of every branch, with the blocks' copies."""
         rows = self._branch_block(branches, length)
