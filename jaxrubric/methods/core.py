@@ -2,7 +2,7 @@
 verification, the jitted round builders, batch encoding and the stages' shapes (the GRPO role
 updates, which build on these types, are `update.py`).
 
-A round (DESIGN.md section 1) is a pure function `round(setup, state, frozen, batch, rng, run)`
+A round (docs/design.md, §1) is a pure function `round(setup, state, frozen, batch, rng, run)`
 of typed pytrees, written as stages `run(role, stage, *args)` (`jaxrubric.placement`): jitted
 whole it is one program, on sub-meshes one program per stage. `RoundSetup` holds what is
 static (graph definitions, token templates, the grammar, optimisers); `make_round_step` returns
