@@ -298,16 +298,48 @@ def sample(model: Decoder, tokens: jax.Array, mask: jax.Array, lengths: jax.Arra
 
     def run(prompts: tuple[jax.Array, ...]) -> SampleResult:
         tokens, mask, lengths, keys = prompts
-        cache, logits = prefill(model, tokens, mask, cache_len=tokens.shape[1] + max_new_tokens,
+        cache, logits = prefill(decoder, tokens, mask,
+                                cache_len=tokens.shape[1] + max_new_tokens,
                                 num_samples=num_samples)
         result, _ = decode(
-            model, cache, logits, jnp.repeat(lengths, num_samples), keys.reshape(-1),
+            decoder, cache, logits, jnp.repeat(lengths, num_samples), keys.reshape(-1),
             jnp.float32(max(temperature, 1e-6)), jnp.float32(1.0 if top_p is None else top_p),
             jnp.asarray(tuple(stop_token_ids) or (-1,), jnp.int32), jnp.int32(max_new_tokens),
             grammar, params=params, num_samples=num_samples, max_len=max_new_tokens)
         return result
 
-    return microbatch.map_rows(run, (tokens, mask, lengths, keys), micro_batches)
+    prompts = (tokens, mask, lengths, keys)
+    layout = shd.current_layout()
+    if layout is None or layout.mesh.size == 1:
+        decoder = model
+        return microbatch.map_rows(run, prompts, micro_batches)
+    decoder, decoding = for_decoding(model, layout)
+    with shd.activation_layout(decoding.mesh, decoding.rules):
+        result = microbatch.map_rows(run, _rows_on(prompts), micro_batches)
+    return _rows_on(result)
+
+
+def for_decoding(model: Decoder, layout: shd.ActivationLayout
+                 ) -> tuple[Decoder, shd.ActivationLayout]:
+    """`model` as a round's rollouts decode it: its weights in the compute dtype (the layers
+    cast to it anyway, so the samples are the same) and moved once, before any step, to the
+    decoding layout (`sharding.decoding_rules`), where no step gathers a layer's weights; and
+    that layout."""
+    mesh = layout.mesh
+    rules = shd.decoding_rules(mesh, model.config.num_kv_heads)
+    compute = jnp.dtype(model.config.dtype)
+    graphdef, state = nnx.split(model)
+    state = jax.tree.map(
+        lambda x: (x.astype(compute) if jnp.issubdtype(x.dtype, jnp.floating)
+                   and x.dtype.itemsize > compute.itemsize else x), state)
+    state = jax.lax.with_sharding_constraint(state, shd.state_shardings(state, mesh, rules))
+    return nnx.merge(graphdef, state), shd.ActivationLayout(mesh, rules)
+
+
+def _rows_on(tree: Any) -> Any:
+    """Every array of `tree` with its rows (leading axis) placed by the current layout."""
+    return jax.tree.map(
+        lambda x: shd.constrain(x, ("activation_batch",) + (None,) * (x.ndim - 1)), tree)
 
 
 def left_pad(prompts: Sequence[Sequence[int]], length: int, pad_id: int = 0

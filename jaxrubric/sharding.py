@@ -64,6 +64,17 @@ SAMPLING_RULES: Rules = tuple(
     (name, None if name == "embed" else axes) for name, axes in TRAINING_RULES
 )
 
+# Decoding inside a round (`decoding_rules`): the chips training splits the weights over
+# (`fsdp` x `tensor`) become one tensor-parallel group, each holding its share of every
+# layer's heads, MLP and vocabulary (and of the KV cache), rows split over `data` alone. From
+# the training layout this is an all-to-all per weight, once per rollout.
+TENSOR_PARALLEL_RULES: Rules = tuple(
+    (name, "data" if name in ("batch", "activation_batch")
+     else None if name == "embed"
+     else ("tensor", "fsdp") if axes == "tensor" else axes)
+    for name, axes in TRAINING_RULES
+)
+
 
 def make_mesh(shape: Mapping[str, int] | Sequence[int] | None = None,
               devices: Sequence[jax.Device] | None = None) -> Mesh:
@@ -97,6 +108,19 @@ def make_mesh(shape: Mapping[str, int] | Sequence[int] | None = None,
         )
     return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
                          devices=devices)
+
+
+def decoding_rules(mesh: Mesh, kv_heads: int) -> Rules:
+    """How a round's rollouts lay out a model with `kv_heads` on `mesh` while decoding.
+
+    Decoding reads every weight once per token: FSDP-sharded weights would be gathered whole
+    at every step. Tensor-parallel over `fsdp` x `tensor` (`TENSOR_PARALLEL_RULES`) where the
+    kv heads divide among those chips; else whole weights per replica (`SAMPLING_RULES`),
+    which `jaxrubric plan` counts, rather than a KV cache copied onto every chip.
+    """
+    if kv_heads % (mesh.shape["fsdp"] * mesh.shape["tensor"]) == 0:
+        return TENSOR_PARALLEL_RULES
+    return SAMPLING_RULES
 
 
 def single_device_mesh(device: jax.Device | None = None) -> Mesh:
