@@ -21,7 +21,8 @@ from jaxrubric.plan import hlo_cost, topology
 
 TINY = str(Path(__file__).resolve().parent.parent / "configs" / "tiny_dynamic_rubric.py")
 GIB = 1024**3
-NO_PLUGIN = "XLA's GPU compiler comes with the CUDA plugin, not installed (pip install -e '.[gpu-plan]')"
+NO_PLUGIN = ("XLA's GPU compiler comes with the CUDA plugin, not installed "
+             "(pip install -e '.[gpu-plan]')")
 # NVIDIA's datasheets: dense bf16 FLOP/s and HBM bytes/s of each GPU, and its memory.
 DATASHEETS = {"H100": (989e12, 3.35e12, 80 * GIB), "H200": (989e12, 4.8e12, 141 * GIB),
               "A100": (312e12, 2.039e12, 80 * GIB)}
