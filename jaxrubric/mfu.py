@@ -12,7 +12,10 @@ import re
 # Dense (not sparse) bf16 peak FLOP/s of one JAX device. TPU: Google Cloud TPU system
 # architecture pages, per chip (cloud.google.com/tpu/docs/v4, v5e, v5p, v6e); a v4 / v5p chip is
 # one JAX device (megacore), v5e / v6e chips have one TensorCore. NVIDIA: the product datasheets
-# list bf16 Tensor Core FLOPS "with sparsity"; dense is half of that.
+# (NVIDIA A100 Tensor Core GPU datasheet, H100 Tensor Core GPU datasheet, H200 Tensor Core GPU
+# datasheet, on nvidia.com/en-us/data-center/): the H100 and H200 sheets list bf16 Tensor Core
+# FLOPS "with sparsity" (1,979 TFLOPS SXM), dense is half of that; the A100 sheet lists 312
+# TFLOPS dense beside 624 with sparsity.
 PEAK_FLOPS: dict[str, float] = {
     "TPU v4": 275e12,
     "TPU v5e": 197e12,
@@ -28,8 +31,9 @@ PEAK_FLOPS: dict[str, float] = {
 
 # HBM bandwidth of one JAX device, bytes/s: the roofline's memory bound (`jaxrubric plan
 # --topology`). TPU: the same Cloud TPU architecture pages ("HBM bandwidth" per chip: v4 1,200
-# GB/s, v5e 819, v5p 2,765, v6e 1,640). NVIDIA: the product datasheets (A100: the 80 GB SXM's
-# 2,039 GB/s, the fastest variant, so that a time bound from it holds for every A100).
+# GB/s, v5e 819, v5p 2,765, v6e 1,640). NVIDIA: the same datasheets (H100 SXM 3.35 TB/s, PCIe
+# 2 TB/s, NVL 3.9 TB/s; H200 SXM and NVL 4.8 TB/s; A100: the 80 GB SXM's 2,039 GB/s, the fastest
+# variant, so that a time bound from it holds for every A100).
 HBM_BANDWIDTH: dict[str, float] = {
     "TPU v4": 1200e9,
     "TPU v5e": 819e9,
@@ -45,7 +49,9 @@ HBM_BANDWIDTH: dict[str, float] = {
 
 # `jax.devices()[0].device_kind` (lowercased) -> PEAK_FLOPS key; first match wins. JAX names a
 # v5p "TPU v5" (or "TPU v5p"), a v5e "TPU v5 lite", a v6e "TPU v6 lite"; CUDA names an H100 SXM
-# "NVIDIA H100 80GB HBM3". Unknown kinds (CPU, GH200, H800, ...) get no peak rather than a guess.
+# "NVIDIA H100 80GB HBM3", an H200 SXM "NVIDIA H200", an A100 "NVIDIA A100-SXM4-80GB" (the kinds
+# `jaxrubric plan --topology 8xH100` gives its GPUs, `plan/gpu_targets`). Unknown kinds (CPU,
+# GH200, H800, ...) get no peak rather than a guess.
 _DEVICE_KINDS = (
     (r"tpu v4", "TPU v4"),
     (r"tpu v5 ?(lite|e)", "TPU v5e"),

@@ -627,13 +627,13 @@ def test_topology_arguments_give_clear_errors(capsys):
     assert "give one" in capsys.readouterr().err
     if importlib.util.find_spec("libtpu") is not None:
         assert plan.main(base + ["--topology", "v5e:2x2", "--devices", "8"]) == 2
-        assert "the slice v5e:2x2 has 4 chips" in capsys.readouterr().err
+        assert "the topology v5e:2x2 has 4 chips" in capsys.readouterr().err
         assert plan.main(base[:-1] + ["fsdp=8", "--topology", "v5e:2x2"]) == 2
         assert "covers 8 devices, not 4" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("name, message", [
-    ("8xH100", "GPU targets are not supported yet"),
+    ("8xV100", "no GPU target config for this name"),
     ("v9z:1x1", "libtpu does not know this slice")])
 def test_bad_topologies_give_clear_errors(name, message):
     from jaxrubric.plan import topology
@@ -641,7 +641,7 @@ def test_bad_topologies_give_clear_errors(name, message):
     if "libtpu" in message:
         pytest.importorskip("libtpu", reason="libtpu not installed (pip install -e '.[tpu]')")
     with pytest.raises(plan.PlanError, match=message):
-        topology.tpu_devices(name)
+        topology.devices(name)
 
 
 # The tiny round (fsdp=4) compiled with the TPU compiler for a v5e:2x2 slice that does not

@@ -39,13 +39,15 @@ the tiny config with fsdp=8.
 `libtpu`, on a CPU host), from shapes alone, and adds a roofline per stage. On the 8B recipes
 the arguments agree (the same state) and XLA's temporaries are 1.7-5x the plan's, for the
 reason above: the verifier's and rollouts' activations are whole over the batch on every
-chip (README, "Will it fit?").
+chip (README, "Will it fit?"). `--topology 8xH100` (H200, A100; 1-8 GPUs of one host) does
+the same with XLA's GPU compiler (the CUDA plugin; no GPU, no NVIDIA library) from the GPU's
+published figures (`gpu_targets/`, docs/gpu_plan.md).
 
 Modules, each importing only those before it: `errors`; `meshes` (where the roles run, the
 stage programs' names); `models` (model configs and parameter shards, offline); `shapes` (the
 templates, tokenised or estimated, and the method's `RoundShapes`); `phases` (the per-stage
 formulas); `memory` (`plan_memory`); `report` (sizes in and tables out); `topology` (a TPU
-slice's devices and its chips' peaks); `abstract` (the round's inputs as shapes, on any
+slice's or GPUs' devices and their peaks); `abstract` (the round's inputs as shapes, on any
 devices); `hlo_cost` (FLOPs and bytes per stage from the compiled HLO); `roofline` (time
 bounds); `compile` (the check against XLA); `cli` (the command).
 """

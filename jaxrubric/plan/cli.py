@@ -30,8 +30,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                                   "on sub-meshes take --config.submeshes.ROLE=MESH instead")
     p.add_argument("--devices", type=int, help="chips in the slice: fills a -1 mesh axis and "
                                                "is checked against the mesh (or sub-meshes)")
-    p.add_argument("--device-memory", required=True,
-                   help="memory of one chip, e.g. 95GiB (v5p), 16GiB (v5e), 80GiB (H100)")
+    p.add_argument("--device-memory",
+                   help="memory of one chip, e.g. 95GiB (v5p), 16GiB (v5e), 80GiB (H100); "
+                        "with a GPU --topology, the GPU's (80GiB H100 and A100, 141GiB H200)")
     p.add_argument("--headroom", type=float, default=0.1,
                    help="fraction of device memory kept free for XLA and fragmentation")
     p.add_argument("--compile", action="store_true",
@@ -39,8 +40,10 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                         "machine's devices and print XLA's memory analysis beside the plan")
     p.add_argument("--topology",
                    help="compile the round for this TPU slice (v5p:2x2x1, v5e:4x4, v6e:2x4, "
-                        "...) with the TPU compiler, no TPU needed (libtpu: the tpu extra), "
-                        "and print XLA's memory analysis and the roofline per stage")
+                        "...) with the TPU compiler (libtpu: the tpu extra), or for N GPUs of "
+                        "one host (8xH100, 4xA100, 8xH200; N 1-8) with XLA's GPU compiler (the "
+                        "CUDA plugin: the gpu-plan extra), no TPU or GPU needed, and print "
+                        "XLA's memory analysis and the roofline per stage")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -51,6 +54,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     _add_arguments(p)
     p.set_defaults(func=run, takes_overrides=True)
     return p
+
+
+def _device_memory(args: argparse.Namespace) -> int:
+    """--device-memory in bytes; without it, the memory of a GPU --topology's GPU."""
+    if args.device_memory is not None:
+        return parse_bytes(args.device_memory)
+    target = topology.gpu_target(args.topology) if args.topology else None
+    if target is None:
+        raise PlanError("--device-memory is required (the memory of one chip, e.g. 95GiB for "
+                        "v5p) unless --topology names GPUs")
+    return target.memory
 
 
 def run(args: argparse.Namespace, overrides: Sequence[str]) -> int:
@@ -67,18 +81,18 @@ def run(args: argparse.Namespace, overrides: Sequence[str]) -> int:
                 config.mesh[axis] = size
         if args.compile and args.topology:
             raise PlanError("--compile compiles for this machine's devices, --topology for a "
-                            "TPU slice: give one")
-        slice_devices = topology.tpu_devices(args.topology) if args.topology else None
+                            "TPU slice or GPUs: give one")
+        slice_devices = topology.devices(args.topology) if args.topology else None
         if slice_devices is not None:
             if args.devices not in (None, len(slice_devices)):
-                raise PlanError(f"--devices is {args.devices}, the slice {args.topology} has "
-                                f"{len(slice_devices)} chips")
+                raise PlanError(f"--devices is {args.devices}, the topology {args.topology} "
+                                f"has {len(slice_devices)} chips")
             devices = len(slice_devices)
         elif args.compile:
             devices = compile_check.local_devices_for(config, args.devices)
         else:
             devices = args.devices
-        result = plan_memory(config, parse_bytes(args.device_memory), headroom=args.headroom,
+        result = plan_memory(config, _device_memory(args), headroom=args.headroom,
                              devices=devices)
         print(format_plan(result, args.config))
         if args.compile or slice_devices is not None:
@@ -86,7 +100,7 @@ def run(args: argparse.Namespace, overrides: Sequence[str]) -> int:
             chip = topology.chip(slice_devices[0]) if slice_devices else None
             if chip is not None:
                 print(f"Compiling for {args.topology}: {len(slice_devices)} x {chip.kind} "
-                      "(the TPU compiler, nothing runs)...", flush=True)
+                      f"(the {chip.platform.upper()} compiler, nothing runs)...", flush=True)
             print(compile_check.comparison(result, config, slice_devices, chip))
     except (PlanError, ConfigFileError, ConfigError, CheckpointError) as err:
         print(f"jaxrubric plan: error: {err}", file=sys.stderr)

@@ -1,8 +1,8 @@
 """`jaxrubric plan --compile` and `--topology`: the plan checked against the compiler.
 
 Lowers and compiles the round exactly as training builds it, from shapes (`plan.abstract`: no
-weights), without running it, for this machine's devices (`--compile`) or a TPU slice's
-(`--topology`, `plan.topology`), and sets XLA's memory analysis beside the plan's estimate:
+weights), without running it, for this machine's devices (`--compile`) or a TPU slice's or
+GPUs' (`--topology`, `plan.topology`), and sets XLA's memory analysis beside the plan's estimate:
 the whole round when the roles share a mesh, each stage program (`placement.SubMeshes`) when
 they are on sub-meshes; with each program's FLOPs and bytes (`plan.hlo_cost`) for the
 roofline (`plan.roofline`).
@@ -156,8 +156,8 @@ def compiled_memory(config: ml_collections.ConfigDict,
                     memory_limit: int | None = None) -> dict[str, Any]:
     """XLA's analysis of the real round of `config`, compiled for `config.mesh` over `devices`
     (default this machine's; on CPU, fake them with
-    `XLA_FLAGS=--xla_force_host_platform_device_count=N` before jax starts; a TPU slice's from
-    `plan.topology`), lowered from shapes (`plan.abstract`) and never run.
+    `XLA_FLAGS=--xla_force_host_platform_device_count=N` before jax starts; a TPU slice's or
+    GPUs' from `plan.topology`), lowered from shapes (`plan.abstract`) and never run.
 
     Jits the method's round with `methods.core.round_program`, as training does. Per-device
     bytes: `argument` (state, frozen weights, batch, rng, in the device's layout: on TPU
@@ -402,12 +402,13 @@ def comparison(plan: dict[str, Any], config: ml_collections.ConfigDict,
                devices: Sequence[jax.Device] | None = None, chip: Chip | None = None) -> str:
     """`--compile`'s table for `plan` (`memory.plan_memory` of `config`): the whole round when
     the roles share a mesh, each stage program when they are on sub-meshes; compiled for
-    `devices` (default this machine's). With `chip` (a TPU slice), the compiler holds the
-    programs to the device memory, and the roofline on `chip` follows."""
+    `devices` (default this machine's). With `chip` (a TPU slice or GPUs), the roofline on
+    `chip` follows; on a TPU slice the compiler holds the programs to the device memory (XLA's
+    GPU compiler has no such limit: its peak is set against the memory as `--compile`'s is)."""
     # The compiler is held to the device memory, not the usable part: its buffer assignment is
     # exact, and it tries harder (rematerialises more) the less room it has; the headroom is
     # then applied to the peak it reports.
-    limit = None if chip is None else plan["device_memory"]
+    limit = None if chip is None or chip.platform != "tpu" else plan["device_memory"]
     if "meshes" in plan:
         compiled = compiled_stage_memory(config, devices, limit)
         stages = {k: a for m in compiled["meshes"].values() for k, a in m["stages"].items()}

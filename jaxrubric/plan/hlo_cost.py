@@ -12,6 +12,19 @@ weights out of the stacked layers, a token into the KV cache). Loops whose trip 
 read are counted once and reported (`unknown_loops`); a decode loop, which may stop early once
 every row has finished, is counted at its bound; a conditional's branches are all counted.
 
+On GPU, XLA hands matmuls to libraries as custom calls (`__cublas$gemm`,
+`__cublas$lt$matmul[$f8]`), counted as the dot they stand for: 2 x the result's elements x the
+contracted size, read from the call's `dot_dimension_numbers` (batch dimensions are in the
+result). cuDNN's fused attention (`__cudnn$fmha*`) is counted from its shapes: with S the
+scores' shape `intermediate_tensor_shape` (batch x heads x Tq x Tk), d the head size of the
+queries (|Q| / (batch x heads x Tq)) and dv the values' (d x |V| / |K|), the forward is two
+matmuls, 2 x |S| x (d + dv); the backward five, recomputing the scores and forming the four
+gradients' products, 2 x |S| x (3d + 2dv). A causal mask keeps the pairs of its upper-left
+triangle, sum over i < Tq of min(i + 1, Tk), of the Tq x Tk (the blocks cuDNN skips are not
+done); other masks (padding, a sliding window) are counted whole. Their bytes are their
+operands and results, less the library's scratch buffer (the last `s8`/`u8` of the result).
+Other custom calls count their bytes only.
+
 Instructions are attributed to the stage whose `jax.named_scope` (`compile.ScopedStages`) is in
 their `op_name`, else to the stage of the loop, call or fusion that holds them, else `other`.
 """
@@ -138,9 +151,61 @@ def _operand_names(ins: Instruction) -> list[str]:
     return re.findall(r"%([\w.\-]+)", ins.operands)
 
 
+def _config_dims(attributes: str, key: str) -> list[int]:
+    """A dimension list of a custom call's JSON backend config (`"key":["1","2"]`)."""
+    match = re.search(rf'"{key}":\s*\[([^\]]*)\]', attributes)
+    return [int(x) for x in re.findall(r"\d+", match.group(1))] if match else []
+
+
+def _library_result(ins: Instruction) -> list[tuple[str, tuple[int, ...]]]:
+    """A cuBLAS or cuDNN call's result arrays, less its scratch buffer (a trailing s8/u8)."""
+    arrays = _shapes(ins.shape)
+    return arrays[:-1] if len(arrays) > 1 and arrays[-1][0] in ("s8", "u8") else arrays
+
+
+def causal_pairs(queries: int, keys: int) -> int:
+    """The (query, key) pairs a causal mask keeps, aligned to the upper left: query i sees
+    keys 0..i."""
+    full = min(queries, keys)  # queries 0..full-1 see i + 1 keys, the rest see all keys
+    return full * (full + 1) // 2 + (queries - full) * keys
+
+
+def _attention_flops(ins: Instruction, operands: list[str], backward: bool) -> float:
+    """cuDNN fused attention's FLOPs from its shapes (module docstring)."""
+    match = re.search(r'"intermediate_tensor_shape":\s*\{[^{}]*?"dimensions":\s*\[([^\]]*)\]',
+                      ins.attributes)
+    scores = [int(x) for x in re.findall(r"\d+", match.group(1))] if match else []
+    q, k, v = (elements(t) for t in operands[:3])
+    if len(scores) < 2 or not k:
+        return 0.0
+    rows, tq, tk = math.prod(scores[:-2]), scores[-2], scores[-1]
+    d = q / (rows * tq)
+    dv = d * v / k
+    mask = re.search(r'"mask_type":\s*"(\w+)"', ins.attributes)
+    pairs = (causal_pairs(tq, tk) if mask and mask.group(1) in ("CAUSAL", "PADDING_CAUSAL")
+             else tq * tk)
+    return 2.0 * rows * pairs * ((3 * d + 2 * dv) if backward else (d + dv))
+
+
+def _custom_call_flops(ins: Instruction, operands: list[str]) -> float:
+    """FLOPs of a cuBLAS gemm or cuDNN fused attention; 0 for other custom calls."""
+    target = re.search(r'custom_call_target="([^"]*)"', ins.attributes)
+    target = target.group(1) if target else ""
+    if re.fullmatch(r"__cublas\$(gemm|lt\$matmul(\$f8)?)", target):
+        lhs = _shapes(operands[0])[0][1]
+        contracted = math.prod(lhs[i] for i in _config_dims(ins.attributes,
+                                                              "lhs_contracting_dimensions"))
+        return 2.0 * math.prod(_library_result(ins)[0][1]) * contracted
+    if target.startswith("__cudnn$fmha"):
+        return _attention_flops(ins, operands, "Backward" in target)
+    return 0.0
+
+
 def _flops(ins: Instruction, types: Mapping[str, str]) -> float:
     """FLOPs of one instruction as XLA's cost analysis counts them."""
     operands = [types.get(n, "") for n in _operand_names(ins)]
+    if ins.opcode == "custom-call":
+        return _custom_call_flops(ins, operands)
     if ins.opcode == "dot":
         lhs = _shapes(operands[0])[0][1]
         return 2.0 * elements(ins.shape) * math.prod(lhs[i] for i in _dims(ins.attributes,
@@ -238,6 +303,10 @@ def _bytes(ins: Instruction, types: Mapping[str, str]) -> float:
         return 2.0 * nbytes(ins.shape)
     if ins.opcode == "dynamic-update-slice":
         return 2.0 * nbytes(operands[1])
+    if ins.opcode == "custom-call" and re.search(r'custom_call_target="__cu(blas|dnn)\$',
+                                                 ins.attributes):
+        return sum(nbytes(t) for t in operands) + sum(
+            DTYPE_BYTES[d] * math.prod(dims) for d, dims in _library_result(ins))
     return sum(nbytes(t) for t in operands) + nbytes(ins.shape)
 
 
@@ -255,6 +324,31 @@ def _constant(ins: Instruction | None) -> int | None:
     return int(ins.operands)
 
 
+def _compares(condition: str, computations: Mapping[str, list[Instruction]],
+              instructions: Mapping[str, Instruction]
+              ) -> Iterable[tuple[Instruction, Instruction | None, Instruction | None]]:
+    """A loop condition's comparisons and their two operands, also those fused into a kernel
+    of the condition (XLA:GPU fuses `counter < limit` with the early exit): a fused
+    computation's parameter stands for the fusion's operand."""
+    for ins in computations.get(condition, []):
+        if ins.opcode == "compare":
+            yield (ins, *(instructions.get(n) for n in _operand_names(ins)[:2]))
+        elif ins.opcode == "fusion":
+            body = computations.get(dict(CALLS.findall(ins.attributes)).get("calls", ""), [])
+            outer = _operand_names(ins)
+            local = {i.name: i for i in body}
+
+            def resolve(name: str) -> Instruction | None:
+                i = local.get(name)
+                if i is not None and i.opcode == "parameter":
+                    return instructions.get(outer[int(i.operands)])
+                return i
+
+            for i in body:
+                if i.opcode == "compare":
+                    yield (i, *(resolve(n) for n in _operand_names(i)[:2]))
+
+
 def trip_count(loop: Instruction, condition: str, computations: Mapping[str, list[Instruction]],
                instructions: Mapping[str, Instruction]) -> int | None:
     """A while loop's trip count: XLA's `known_trip_count` annotation, else read from its
@@ -264,10 +358,7 @@ def trip_count(loop: Instruction, condition: str, computations: Mapping[str, lis
     known = TRIP_COUNT.search(loop.attributes)
     if known:
         return int(known.group(1))
-    for ins in computations.get(condition, []):
-        if ins.opcode != "compare":
-            continue
-        a, b = (instructions.get(n) for n in _operand_names(ins)[:2])
+    for ins, a, b in _compares(condition, computations, instructions):
         direction = re.search(r"direction=(\w+)", ins.attributes)
         direction = direction.group(1) if direction else ""
         if _constant(a) is not None and direction in ("GT", "GE"):
