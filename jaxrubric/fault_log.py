@@ -25,12 +25,22 @@ from contextlib import contextmanager
 from etils import epath
 
 _SHOW = False
+_TERMINAL_FD: int | None = None  # stderr's own file descriptor while a capture holds fd 2
 
 
 def show_library_output(show: bool) -> None:
     """True: nothing is captured (`--debug`), the libraries print as they do."""
     global _SHOW
     _SHOW = show
+
+
+def write_to_terminal(text: str) -> None:
+    """Writes `text` to stderr past any capture: for a line that must be seen even while a
+    checkpoint is tried (a lost host's verdict, just before the process ends)."""
+    try:
+        os.write(2 if _TERMINAL_FD is None else _TERMINAL_FD, text.encode())
+    except OSError:  # the capture ended meanwhile: fd 2 is the terminal again
+        os.write(2, text.encode())
 
 
 def details_file(workdir: str, process: int) -> str:
@@ -47,11 +57,16 @@ class Capture:
         self.text = text
 
     def keep(self, path: str, title: str) -> None:
-        """Appends the capture, under a dated `title` line, to `path` (a local file or a URL)."""
+        """Appends the capture, under a dated `title` line, to `path`: a local file, or a URL
+        (rewritten whole: object stores do not append)."""
         entry = f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {title}\n{self.text}"
+        entry += "" if entry.endswith("\n") else "\n"
+        if "://" not in path:
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(entry)
+            return
         target = epath.Path(path)
-        before = target.read_text() if target.exists() else ""
-        target.write_text(before + entry + ("" if entry.endswith("\n") else "\n"))
+        target.write_text((target.read_text() if target.exists() else "") + entry)
 
     def release(self) -> None:
         """Writes the capture to stderr: a block that needed no handling prints as usual."""
@@ -63,6 +78,7 @@ class Capture:
 @contextmanager
 def captured() -> Iterator[Capture]:
     """Collects everything written to stderr, from Python or C++, inside the block."""
+    global _TERMINAL_FD
     capture = Capture()
     if _SHOW:
         yield capture
@@ -71,6 +87,7 @@ def captured() -> Iterator[Capture]:
     sys.stderr.flush()
     with tempfile.TemporaryFile() as sink:
         saved_fd, saved_stderr = os.dup(2), sys.stderr
+        _TERMINAL_FD = saved_fd
         os.dup2(sink.fileno(), 2)
         # Over file descriptor 2, not the sink: a stream kept past the block writes to stderr.
         sys.stderr = open(2, "w", closefd=False, encoding="utf-8", errors="replace")
@@ -82,6 +99,7 @@ def captured() -> Iterator[Capture]:
             saved_stderr.flush()
             sys.stderr = saved_stderr
             os.dup2(saved_fd, 2)
+            _TERMINAL_FD = None
             os.close(saved_fd)
             sink.seek(0)
             capture.text = sink.read().decode("utf-8", errors="replace")

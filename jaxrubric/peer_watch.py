@@ -27,7 +27,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
+
+from jaxrubric import fault_log
 
 LOST_PEER_EXIT = 75  # EX_TEMPFAIL: a launcher may retry (launch/tpu_pod.sh does)
 EXITING = "exiting"
@@ -113,14 +115,15 @@ _WATCH: PeerWatch | None = None
 
 
 def _stop_process(line: str) -> None:
-    """Prints the verdict on a line of its own (after a progress bar) and ends the process."""
+    """Prints the verdict on a line of its own (after a progress bar, and past a capture of
+    library output) and ends the process."""
     sys.stdout.flush()
-    sys.stderr.write(f"\n{line}\n")
-    sys.stderr.flush()
+    fault_log.write_to_terminal(f"\n{line}\n")
     os._exit(LOST_PEER_EXIT)
 
 
-def start(client: Any, process: int, count: int, timeout: float) -> PeerWatch | None:
+def start(client: KeyValueClient | None, process: int, count: int, timeout: float
+          ) -> PeerWatch | None:
     """Starts this process's watch (nothing for a single process); it leaves at interpreter
     exit, before jax's shutdown barrier (atexit runs the later registration first)."""
     global _WATCH

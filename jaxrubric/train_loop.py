@@ -327,8 +327,8 @@ def restore_checkpoint(workdir: str | os.PathLike, abstract_state: PyTree,
     workdir = _absolute(workdir)
     directory = os.path.join(workdir, CHECKPOINT_DIR)
     with resume.reader(directory) as source:
-        step = max(host_agreement.union(source.all_steps()), default=None)
-        step = step if round_ is None else round_
+        step = round_ if round_ is not None else max(host_agreement.union(source.all_steps()),
+                                                     default=None)
         if step is None:
             raise FileNotFoundError(f"no checkpoint under {directory}")
         state, meta, problem = resume.restore_verified(
