@@ -202,7 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jaxrubric", description=__doc__)
     parser.add_argument("--debug", action="store_true",
                         help="show the traceback of a known error (config, data, checkpoint, "
-                             "lock) instead of its one-line message")
+                             "lock) instead of its one-line message, and what the libraries "
+                             "print about a handled fault (else kept in the workdir's "
+                             "fault_details.log)")
     from jaxrubric import distributed
     distributed.add_arguments(parser)  # multi-host: before the subcommand, or the environment
     sub = parser.add_subparsers(dest="command", required=True)
@@ -287,7 +289,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    from jaxrubric import distributed
+    from jaxrubric import distributed, fault_log
+    fault_log.show_library_output(args.debug)
     try:  # before anything touches a device
         distributed.initialize_from_args(args)
     except distributed.DistributedConfigError as error:

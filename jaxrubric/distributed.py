@@ -16,6 +16,11 @@ Where the settings come from, first match wins:
   `gcloud compute tpus tpu-vm ssh --worker=all`, whose environment says nothing;
 - a multi-host Cloud TPU environment that jax itself recognises without a network query (GKE
   worker lists, multislice): `jax.distributed.initialize()` with no arguments.
+
+Once joined, every process watches the others (`jaxrubric.peer_watch`): a process silent for
+`JAXRUBRIC_HEARTBEAT_TIMEOUT` seconds (default 60) is declared lost, and the others exit with one
+line naming it. jax's own heartbeat timeout is set to twice that, a backstop that ends the job
+with a C++ fatal error should the watch itself be stuck.
 """
 
 from __future__ import annotations
@@ -26,10 +31,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
+from jax._src import distributed as jax_distributed  # the client, as orbax reaches it too
+
+from jaxrubric import peer_watch
 
 COORDINATOR_ENV = "JAXRUBRIC_COORDINATOR_ADDRESS"
 NUM_PROCESSES_ENV = "JAXRUBRIC_NUM_PROCESSES"
 PROCESS_ID_ENV = "JAXRUBRIC_PROCESS_ID"
+HEARTBEAT_TIMEOUT_ENV = "JAXRUBRIC_HEARTBEAT_TIMEOUT"
+DEFAULT_HEARTBEAT_TIMEOUT_S = 60.0
 AUTO = "auto"
 
 # Worker lists that jax's GKE TPU cluster detection reads (jax/_src/clusters/cloud_tpu_cluster.py).
@@ -58,11 +68,14 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     kwargs = resolve(coordinator_address, num_processes, process_id, local_device_ids)
     if kwargs is None:
         return False
+    timeout = heartbeat_timeout()
     # Multi-process CPU needs cross-process collectives; jax >= 0.5 defaults to gloo, older
     # releases to none (every cross-process collective would fail).
     if jax.config.jax_cpu_collectives_implementation is None:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(**kwargs)
+    jax.distributed.initialize(**kwargs, heartbeat_timeout_seconds=int(2 * timeout) + 1)
+    state = jax_distributed.global_state
+    peer_watch.start(state.client, state.process_id, state.num_processes or 1, timeout)
     return True
 
 
@@ -107,6 +120,23 @@ def resolve(coordinator_address: str | None = None, num_processes: int | None = 
     if devices is not None:
         kwargs["local_device_ids"] = devices
     return kwargs
+
+
+def heartbeat_timeout(environ: Mapping[str, str] | None = None) -> float:
+    """`JAXRUBRIC_HEARTBEAT_TIMEOUT` seconds (default 60): how long a process may be silent
+    before the others declare it lost. Long enough for a loaded host's watch thread to be late,
+    short enough that a lost host costs a minute, not jax's 100 s and a stack trace per host."""
+    raw = (os.environ if environ is None else environ).get(HEARTBEAT_TIMEOUT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_HEARTBEAT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise DistributedConfigError(
+            f"{HEARTBEAT_TIMEOUT_ENV}={raw!r} must be a positive number of seconds")
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

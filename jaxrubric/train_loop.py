@@ -27,12 +27,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
-from jax.experimental import multihost_utils
 
+from jaxrubric import fault_log, host_agreement, peer_watch, resume
 from jaxrubric import mfu as mfu_lib
 from jaxrubric.logging_utils import (SKIPPED_SUFFIX, Progress, WandbSettings, Writers,
                                      open_writers, scalar_metrics)
-from jaxrubric.state_digest import digest_mismatch, state_digest
+from jaxrubric.resume import DamagedCheckpointError
+from jaxrubric.state_digest import state_digest
 from jaxrubric.workdir_lock import WorkdirLock
 
 PyTree = Any
@@ -79,10 +80,6 @@ class Task(Protocol):
 
 class ConfigMismatchError(ValueError):
     """The workdir holds a checkpoint of a run with another config or seed."""
-
-
-class DamagedCheckpointError(RuntimeError):
-    """A checkpoint cannot be read, or does not hold what was saved."""
 
 
 class NonFiniteError(RuntimeError):
@@ -156,18 +153,20 @@ def run_training(task: Task, *, workdir: str | os.PathLike, rounds: int, seed: i
         raise
     progress: Progress | None = None
     writer: Writers | None = None
+    details = fault_log.details_file(workdir, jax.process_index())
     try:
         with _sigterm_flag() as sigterm:
-            latest = manager.latest_step()
+            latest = max(host_agreement.union(manager.all_steps()), default=None)
             if latest is not None:  # a finished run needs no state: check its meta alone
-                meta = _read_meta(manager, latest)
+                meta = resume.read_meta(manager, latest, details)
                 if meta is not None and rounds <= latest:
                     _check_fingerprint(meta, fingerprint, run_config, allow_config_change,
                                        _canonical({"config": config_defaults}))
                     _say(f"checkpoint at round {latest} already covers rounds={rounds}: "
                          "nothing to do")
                     return _summary(latest, meta["metrics"], meta["eval"], latest, False)
-            restored = _restore_newest_good(manager, task.abstract_state, fallback)
+            restored = resume.restore_newest_good(manager, task.abstract_state, fallback,
+                                                  details, _say)
             resumed_from = None if restored is None else restored[0]
             if restored is None:
                 key = jax.random.key(seed)
@@ -256,6 +255,10 @@ def run_training(task: Task, *, workdir: str | os.PathLike, rounds: int, seed: i
                     break
                 batch = next_batch
             return _summary(round_, last_scalars, eval_scalars, resumed_from, preempted)
+    except BaseException:
+        # A collective that failed because a host is gone: say that, not what it broke.
+        peer_watch.rule_out_lost_peer()
+        raise
     finally:
         # A crash must not lose a save in flight: orbax finalises a checkpoint atomically once
         # its writes finish, so wait for them before the process goes.
@@ -321,82 +324,18 @@ def restore_checkpoint(workdir: str | os.PathLike, abstract_state: PyTree,
     """The state and metadata saved by `run_training` at `round_` (None: the latest), e.g. for
     export or evaluation; `abstract_state` is the restore target (`Task.abstract_state()`).
     A checkpoint that cannot be read or fails its digest raises `DamagedCheckpointError`."""
-    directory = os.path.join(_absolute(workdir), CHECKPOINT_DIR)
-    options = ocp.CheckpointManagerOptions(read_only=True, create=False)
-    with ocp.CheckpointManager(directory, options=options, item_names=("state", "meta")
-                               ) as manager:
-        step = manager.latest_step() if round_ is None else round_
+    workdir = _absolute(workdir)
+    directory = os.path.join(workdir, CHECKPOINT_DIR)
+    with resume.reader(directory) as source:
+        step = round_ if round_ is not None else max(host_agreement.union(source.all_steps()),
+                                                     default=None)
         if step is None:
             raise FileNotFoundError(f"no checkpoint under {directory}")
-        state, meta, problem = _restore_verified(manager, step, abstract_state)
+        state, meta, problem = resume.restore_verified(
+            source, step, abstract_state, fault_log.details_file(workdir, jax.process_index()))
     if problem is not None:
         raise DamagedCheckpointError(f"checkpoint of round {step} in {directory} is damaged: {problem}")
     return state, meta
-
-
-def _read_meta(manager: ocp.CheckpointManager, step: int) -> dict[str, Any] | None:
-    """A checkpoint's metadata, or None when it cannot be read."""
-    try:
-        return dict(manager.restore(step, args=ocp.args.Composite(
-            meta=ocp.args.JsonRestore()))["meta"])
-    except Exception:  # noqa: BLE001 - any read failure marks it damaged, see the callers
-        return None
-
-
-def _restore_verified(manager: ocp.CheckpointManager, step: int, abstract_state: PyTree
-                      ) -> tuple[PyTree, dict[str, Any], str | None]:
-    """`(state, meta, None)`, or `(None, None, what is wrong)` when the checkpoint of `step`
-    cannot be read or its state does not match the digest saved with it."""
-    try:
-        restored = manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
-    except Exception as err:  # noqa: BLE001 - orbax/TensorStore raise many kinds
-        lines = [line for line in str(err).strip().splitlines() if line.strip()]
-        return None, None, f"unreadable ({type(err).__name__}: {(lines or [''])[-1][:200]})"
-    meta = dict(restored["meta"])
-    problem = digest_mismatch(restored["state"], meta["digest"]) if meta.get("digest") else None
-    return (None, None, problem) if problem else (restored["state"], meta, None)
-
-
-def _restore_newest_good(manager: ocp.CheckpointManager, abstract_state: Callable[[], PyTree],
-                         fallback: bool) -> tuple[int, dict[str, Any], PyTree] | None:
-    """The newest checkpoint that reads and verifies, as `(step, meta, state)`; None when there
-    is none. Damaged newer ones are reported and, once a good one is found, moved aside to
-    `checkpoints/<step>.corrupt` (never deleted). With every checkpoint failing, nothing is
-    moved (more likely code that no longer reads them than damage): `DamagedCheckpointError`."""
-    steps = sorted(manager.all_steps(), reverse=True)
-    damaged: list[tuple[int, str]] = []
-    for step in steps:
-        state, meta, problem = _restore_verified(manager, step, abstract_state())
-        if problem is None:
-            break
-        _say(f"checkpoint of round {step} is damaged: {problem}")
-        damaged.append((step, problem))
-        if not fallback:
-            raise DamagedCheckpointError(f"checkpoint of round {step} is damaged: {problem}; stopping "
-                                  "(without --no-fallback the run resumes from the newest good "
-                                  "checkpoint)")
-    else:
-        if steps:
-            raise DamagedCheckpointError(f"no checkpoint in {manager.directory} can be restored: "
-                                  + "; ".join(f"round {s}: {p}" for s, p in damaged))
-        return None
-    if damaged:
-        _move_aside(manager, [s for s, _ in damaged])
-        _say(f"resuming from round {step}, the newest good checkpoint; the damaged ones were "
-             f"moved to {', '.join(f'{s}.corrupt' for s, _ in damaged)}")
-    return step, meta, state
-
-
-def _move_aside(manager: ocp.CheckpointManager, steps: list[int]) -> None:
-    """Renames damaged checkpoints to `<step>.corrupt` (process 0) and rescans (every process)."""
-    if jax.process_index() == 0:
-        for step in steps:
-            source = manager.directory / str(step)
-            source.rename(source.parent / f"{step}.corrupt")
-    if jax.process_count() > 1:
-        multihost_utils.sync_global_devices("jaxrubric: damaged checkpoints moved aside")
-    manager.reload()
 
 
 def _checkpoint_manager(directory: str, every: int, keep: int | None
@@ -435,10 +374,8 @@ def _stop_requested(sigterm: threading.Event, manager: ocp.CheckpointManager, ro
                     ) -> bool:
     """Whether to save and stop after this round, agreed by all processes: hosts receive
     SIGTERM at different moments, and one leaving early would hang the others' collectives."""
-    stop = sigterm.is_set()
-    if jax.process_count() > 1:
-        stop = bool(np.any(multihost_utils.process_allgather(np.asarray(stop))))
-    return stop or manager.reached_preemption(round_)
+    return bool(host_agreement.processes_where(sigterm.is_set())) or manager.reached_preemption(
+        round_)
 
 
 def _throughput(task: Task, seconds: float, first: bool) -> dict[str, float]:

@@ -16,7 +16,8 @@ Runs COMMAND on every worker of the Cloud TPU VM slice NAME (JAX multi-controlle
     -- jaxrubric train --config configs/qwen3_8b_dynamic_rubric.py --workdir gs://BUCKET/run1
 
 Steps: check the slice exists (gcloud compute tpus tpu-vm describe) or create it (--create);
-install jaxrubric on every worker (--install); run COMMAND on all workers at once. COMMAND runs
+install jaxrubric on every worker (--install); run COMMAND on all workers at once; relaunch it
+when it ends early (below). COMMAND runs
 in DIR (--remote-dir, relative to the worker's home) under the worker's login shell (bash on
 TPU VM images), with JAXRUBRIC_COORDINATOR_ADDRESS=auto (jax finds the slice's coordinator
 itself) and PYTHONUNBUFFERED=1. Every worker appends its output to DIR/logs/worker-<i>.log;
@@ -47,6 +48,10 @@ Install (on every worker):
   --remote-dir DIR         run folder on the workers (default: jaxrubric)
 
 Run:
+  --attempts N             start COMMAND at most N times (default 3; 1: never relaunch)
+                                                                 (env JAXRUBRIC_TPU_ATTEMPTS)
+  --ready-timeout S        before a relaunch, wait up to S seconds for the slice to be READY
+                           again (default 1800)
   --env KEY=VALUE          exported for COMMAND on every worker, repeatable
   --ssh-arg ARG            extra argument for every `tpu-vm ssh`/`scp`, repeatable
                            (e.g. --internal-ip, --tunnel-through-iap)
@@ -55,6 +60,16 @@ Run:
                            given, so --create shows the create command
   --assume-exists          with --dry-run --create: take the slice to exist (show the reuse path)
   -h, --help               this text
+
+Relaunching: when COMMAND ends with a non-zero status (a lost worker exits 75, a lost ssh
+connection 255, a preempted slice anything) or says it was stopped by SIGTERM (a preemption
+notice: the round is saved and the run exits 0), the slice is described until it is READY, any
+process left of the run is stopped on every worker (pkill -f '[j]axrubric'), and COMMAND is
+started again on every worker, with the same arguments and so the same workdir: the run resumes
+from its last checkpoint. One line says why. There is no relaunch after exit 2 (jaxrubric's
+usage, config and data errors, a locked workdir: they would fail again), after the same failure
+twice in a row (the same status and last line of worker 0's output, each within 10 minutes of
+its start), or once N attempts are spent.
 
 Ctrl-C stops the local ssh and worker 0; stop the job on every worker with
   gcloud compute tpus tpu-vm ssh NAME --zone ZONE --worker=all --command "pkill -f '[j]axrubric'"
@@ -78,6 +93,10 @@ REMOTE_DIR=jaxrubric
 CREATE=0
 ASSUME_EXISTS=0
 DRY_RUN=0
+ATTEMPTS=${JAXRUBRIC_TPU_ATTEMPTS:-3}
+READY_TIMEOUT=1800
+POLL_S=${JAXRUBRIC_TPU_POLL_S:-30}  # between describes while waiting for READY
+QUICK_S=600  # a failure this soon after its start, twice alike, is not retried
 CREATE_ARGS=()
 SSH_ARGS=()
 ENVS=()
@@ -103,7 +122,7 @@ while (($#)); do
     --dry-run) DRY_RUN=1; shift; continue ;;
     --) shift; break ;;
     --name | --zone | --project | --accelerator-type | --runtime-version | --install | --repo | \
-      --remote-dir | --create-arg | --ssh-arg | --env)
+      --remote-dir | --create-arg | --ssh-arg | --env | --attempts | --ready-timeout)
       (($# >= 2)) || die "$1 needs a value" ;;
     *) die "unknown option $1 (the command goes after --)" ;;
   esac
@@ -119,6 +138,8 @@ while (($#)); do
     --create-arg) CREATE_ARGS+=("$2") ;;
     --ssh-arg) SSH_ARGS+=("$2") ;;
     --env) ENVS+=("$2") ;;
+    --attempts) ATTEMPTS=$2 ;;
+    --ready-timeout) READY_TIMEOUT=$2 ;;
   esac
   shift 2
 done
@@ -135,6 +156,8 @@ esac
 for kv in "${ENVS[@]+"${ENVS[@]}"}"; do
   [[ $kv =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] || die "--env takes KEY=VALUE, got '$kv'"
 done
+[[ $ATTEMPTS =~ ^[1-9][0-9]*$ ]] || die "--attempts must be a positive integer, got '$ATTEMPTS'"
+[[ $READY_TIMEOUT =~ ^[0-9]+$ ]] || die "--ready-timeout must be seconds, got '$READY_TIMEOUT'"
 if ((CREATE)); then
   [[ -n $TYPE ]] || die "--create needs --accelerator-type (e.g. v5p-8, v5litepod-16)"
   if [[ -z $RUNTIME ]]; then
@@ -243,4 +266,56 @@ command=$(printf ' %q' "${COMMAND[@]}")
 script+="if [ \"\$W\" = 0 ]; then${command} 2>&1 | tee -a logs/worker-0.log; "
 script+="else${command} >>logs/worker-\$W.log 2>&1; fi"
 echo "# worker logs: $REMOTE_DIR/logs/worker-<i>.log on each worker; streaming worker 0's" >&2
-on_all_workers "$script"
+if ((DRY_RUN)); then
+  on_all_workers "$script"
+  exit 0
+fi
+
+wait_until_ready() {  # the slice READY again within READY_TIMEOUT seconds, or stop
+  local waited=0 now
+  while now=$("${describe[@]}" 2>/dev/null) || now=; [[ $now != READY ]]; do
+    ((waited < READY_TIMEOUT)) || die "TPU VM $NAME is ${now:-not found} after waiting" \
+      "${READY_TIMEOUT} s for it to be READY; not relaunching"
+    sleep "$POLL_S"
+    waited=$((waited + POLL_S))
+  done
+}
+
+# 4. Run, and relaunch what ends early (see -h).
+output=$(mktemp "${TMPDIR:-/tmp}/tpu_pod.XXXXXX")
+trap 'rm -f "$output"' EXIT
+attempt=1 last_failure=
+while :; do
+  started=$SECONDS
+  status=0
+  on_all_workers "$script" | tee "$output" || status=$?
+  seconds=$((SECONDS - started))
+  last_line=$(grep -v '^[[:space:]]*$' "$output" | tail -n 1 | tr -d '\r') || last_line=
+  preempted=0
+  grep -q "stopped by SIGTERM after round" "$output" && preempted=1
+  ((status == 0 && !preempted)) && exit 0
+  if ((preempted && status == 0)); then
+    what="stopped by a preemption notice after ${seconds} s"
+  else
+    what="ended with exit $status after ${seconds} s"
+  fi
+  said="# tpu_pod.sh: attempt $attempt of $ATTEMPTS $what"
+  failure="$status $last_line"
+  if ((status == 2)); then
+    echo "$said (a usage, config or data error, or a locked workdir): not relaunching" >&2
+    exit 2
+  elif ((seconds < QUICK_S)) && [[ $failure == "$last_failure" ]]; then
+    echo "$said, the same quick failure as attempt $((attempt - 1)): not relaunching" >&2
+    exit $((status ? status : 75))
+  elif ((attempt >= ATTEMPTS)); then
+    echo "$said; no attempts left (--attempts $ATTEMPTS)" >&2
+    exit $((status ? status : 75))
+  fi
+  last_failure=
+  ((seconds < QUICK_S)) && last_failure=$failure
+  wait_until_ready
+  echo "$said; TPU VM $NAME is READY: relaunching every worker with the same command and" \
+    "workdir (attempt $((attempt + 1)))" >&2
+  on_all_workers "pkill -f '[j]axrubric'; true" || true
+  attempt=$((attempt + 1))
+done

@@ -2,10 +2,13 @@
 decision against a fake `gcloud`, the remote script run locally for worker 0 and worker 1,
 quoting, and clear errors."""
 
+import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -170,6 +173,109 @@ def test_tpu_refuses_a_missing_or_unready_slice(tmp_path, state, message):
     assert [c[4] for c in _calls(log)] == ["describe"]
 
 
+_SCRIPTED_GCLOUD = """
+import json, pathlib, sys
+state = pathlib.Path(STATE)
+argv = sys.argv[1:]
+with open(state / "calls.jsonl", "a") as log:
+    log.write(json.dumps(argv) + "\\n")
+calls = [json.loads(line) for line in (state / "calls.jsonl").read_text().splitlines()]
+if argv[3] == "describe":
+    answers = json.loads((state / "describe.json").read_text())
+    answer = answers[min(sum(c[3] == "describe" for c in calls), len(answers)) - 1]
+    print(answer or "ERROR: NOT_FOUND", file=sys.stdout if answer else sys.stderr)
+    sys.exit(0 if answer else 1)
+if argv[3] == "ssh" and "agent-worker-number" in argv[-1]:
+    status, output = json.loads((state / "runs.json").read_text())[
+        sum(c[3] == "ssh" and "agent-worker-number" in c[-1] for c in calls) - 1]
+    print(output)
+    sys.exit(status)
+"""
+
+
+def _scripted_gcloud(tmp_path: Path, runs: list[tuple[int, str]],
+                     describe: tuple[str, ...] = ("READY",)) -> tuple[dict[str, str], Path]:
+    """A `gcloud` that logs each call; `describe` answers the states of `describe` in turn (the
+    last one repeats; "" is not found), and each run of the command on the workers answers the
+    next of `runs`: (exit status, worker 0's output)."""
+    bin_dir, state = tmp_path / "bin", tmp_path / "gcloud_state"
+    bin_dir.mkdir()
+    state.mkdir()
+    (state / "describe.json").write_text(json.dumps(describe))
+    (state / "runs.json").write_text(json.dumps(runs))
+    gcloud = bin_dir / "gcloud"
+    gcloud.write_text(f"#!{sys.executable}\nSTATE = {str(state)!r}\n{_SCRIPTED_GCLOUD}")
+    gcloud.chmod(0o755)
+    env = _env(tmp_path, JAXRUBRIC_TPU_POLL_S="0")
+    env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    return env, state / "calls.jsonl"
+
+
+def _verbs(log: Path) -> list[str]:
+    """Each gcloud call: its verb, or `run` / `stop` for the ssh that runs the command or stops
+    what is left of it."""
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    return [("run" if "agent-worker-number" in c[-1] else "stop") if c[3] == "ssh" else c[3]
+            for c in calls]
+
+
+def _relaunch(tmp_path, runs, describe=("READY",), *extra):
+    env, log = _scripted_gcloud(tmp_path, runs, describe)
+    out = _run(TPU, ["--name", "my-tpu", *LOC, "--install", "none", *extra, "--", *TRAIN], env)
+    notes = [re.sub(r"after \d+ s", "after N s", line) for line in out.stderr.splitlines()
+             if line.startswith("# tpu_pod.sh:")]  # the durations of the attempts: N
+    return out, _verbs(log), notes
+
+
+def test_tpu_relaunches_every_worker_when_the_slice_comes_back(tmp_path):
+    """A worker lost on the first attempt (the others exit 75), the slice preempted, then READY
+    again: every worker is started again with the same command (the same workdir)."""
+    out, verbs, notes = _relaunch(tmp_path, [(75, "jaxrubric: process 3 of 4 sent no heartbeat"),
+                                             (0, "done")], ("READY", "PREEMPTED", "READY"))
+    assert out.returncode == 0, out.stderr
+    assert verbs == ["describe", "run", "describe", "describe", "stop", "run"]
+    assert notes == ["# tpu_pod.sh: attempt 1 of 3 ended with exit 75 after N s; TPU VM my-tpu is "
+                     "READY: relaunching every worker with the same command and workdir "
+                     "(attempt 2)"]
+    log = tmp_path / "gcloud_state" / "calls.jsonl"
+    runs = [json.loads(line) for line in log.read_text().splitlines() if "agent-worker" in line]
+    assert runs[0] == runs[1] == [*SSH[1:], "--command", _run_script(QUOTED_TRAIN)]
+    assert out.stdout.splitlines()[-1] == "done"  # worker 0's output streams through
+
+
+def test_tpu_relaunches_a_run_stopped_by_a_preemption_notice(tmp_path):
+    out, verbs, notes = _relaunch(tmp_path, [
+        (0, "stopped by SIGTERM after round 7; checkpoint saved"), (0, "done")])
+    assert out.returncode == 0 and verbs == ["describe", "run", "describe", "stop", "run"]
+    assert notes[0].startswith("# tpu_pod.sh: attempt 1 of 3 stopped by a preemption notice "
+                               "after N s; TPU VM my-tpu is READY: relaunching")
+
+
+@pytest.mark.parametrize("runs, extra, status, runs_made, note", [
+    ([(2, "jaxrubric train: error: config has no key 'round.top_pp'")], [], 2, 1,
+     "attempt 1 of 3 ended with exit 2 after N s (a usage, config or data error, or a locked "
+     "workdir): not relaunching"),
+    ([(1, "ValueError: boom")] * 5, ["--attempts", "5"], 1, 2,
+     "attempt 2 of 5 ended with exit 1 after N s, the same quick failure as attempt 1: not "
+     "relaunching"),
+    ([(1, "a"), (1, "b"), (137, "c"), (1, "d")], [], 137, 3,
+     "attempt 3 of 3 ended with exit 137 after N s; no attempts left (--attempts 3)"),
+])
+def test_tpu_stops_relaunching_a_fault_that_repeats(tmp_path, runs, extra, status, runs_made,
+                                                    note):
+    out, verbs, notes = _relaunch(tmp_path, runs, ("READY",), *extra)
+    assert out.returncode == status, out.stderr
+    assert verbs.count("run") == runs_made and notes[-1] == f"# tpu_pod.sh: {note}"
+
+
+def test_tpu_gives_up_on_a_slice_that_does_not_come_back(tmp_path):
+    out, verbs, _ = _relaunch(tmp_path, [(255, "Connection closed")], ("READY", "PREEMPTED"),
+                              "--ready-timeout", "0")
+    assert out.returncode == 2 and verbs == ["describe", "run", "describe"]
+    assert ("TPU VM my-tpu is PREEMPTED after waiting 0 s for it to be READY; not relaunching"
+            in out.stderr)
+
+
 @pytest.mark.parametrize("worker", ["0", "1"])
 def test_tpu_remote_script_streams_worker_0_and_logs_every_worker(tmp_path, worker):
     """The script each worker runs, run here with a fake metadata server (`curl`) and a fake
@@ -205,6 +311,10 @@ def test_tpu_remote_script_streams_worker_0_and_logs_every_worker(tmp_path, work
     (["--name", "t", "--zone", "z", "--env", "1X=y", "--", "true"], "--env takes KEY=VALUE"),
     (["--name", "t", "--zone", "z", "--frobnicate", "--", "true"], "unknown option --frobnicate"),
     (["--name", "t", "--zone"], "--zone needs a value"),
+    (["--name", "t", "--zone", "z", "--attempts", "0", "--", "true"],
+     "--attempts must be a positive integer, got '0'"),
+    (["--name", "t", "--zone", "z", "--ready-timeout", "1h", "--", "true"],
+     "--ready-timeout must be seconds, got '1h'"),
 ])
 def test_tpu_usage_errors(tmp_path, args, message):
     out = _run(TPU, ["--dry-run", *args], _env(tmp_path))

@@ -87,7 +87,7 @@ def test_auto_and_tpu_pods_let_jax_detect_the_rest():
 def fake_jax_distributed(monkeypatch):
     """Records `jax.distributed.initialize` calls instead of starting a runtime; clears the
     environment of multi-process settings."""
-    for name in ENV_VARS:
+    for name in (*ENV_VARS, distributed.HEARTBEAT_TIMEOUT_ENV):
         monkeypatch.delenv(name, raising=False)
     calls: list[dict] = []
     monkeypatch.setattr(jax.distributed, "is_initialized", lambda: bool(calls))
@@ -104,7 +104,8 @@ def test_initialize_calls_jax_only_when_asked(fake_jax_distributed, monkeypatch)
     assert distributed.initialize() is True
     assert distributed.initialize() is True  # already joined: not called twice
     assert fake_jax_distributed == [
-        {"coordinator_address": "10.0.0.1:1234", "num_processes": 2, "process_id": 1}]
+        {"coordinator_address": "10.0.0.1:1234", "num_processes": 2, "process_id": 1,
+         "heartbeat_timeout_seconds": 121}]  # twice jaxrubric's 60 s: a backstop
 
 
 def test_initialize_selects_gloo_where_jax_has_no_cpu_collectives(fake_jax_distributed):
@@ -124,7 +125,17 @@ def test_command_line_flags(fake_jax_distributed):
     args = parser.parse_args(["--coordinator", "h:7", "--num-processes", "3", "--process-id", "2"])
     assert distributed.initialize_from_args(args) is True
     assert fake_jax_distributed == [{"coordinator_address": "h:7", "num_processes": 3,
-                                     "process_id": 2}]
+                                     "process_id": 2, "heartbeat_timeout_seconds": 121}]
+
+
+def test_the_heartbeat_timeout_comes_from_the_environment(fake_jax_distributed, monkeypatch):
+    monkeypatch.setenv(distributed.HEARTBEAT_TIMEOUT_ENV, "10")
+    assert distributed.initialize("auto")
+    assert fake_jax_distributed == [{"heartbeat_timeout_seconds": 21}]
+    for bad in ("soon", "0", "-5"):
+        with pytest.raises(DistributedConfigError, match=f"JAXRUBRIC_HEARTBEAT_TIMEOUT='{bad}' "
+                                                         "must be a positive number of seconds"):
+            distributed.heartbeat_timeout({distributed.HEARTBEAT_TIMEOUT_ENV: bad})
 
 
 # ------------------------------------------------------------------ two real processes

@@ -2,6 +2,7 @@
 skips, the loop stops, a non-finite state is never checkpointed), and one writer per workdir."""
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -156,6 +157,107 @@ def test_a_damaged_newest_checkpoint_is_moved_aside_and_the_run_falls_back(
     assert (workdir / "checkpoints" / "4.corrupt").is_dir()  # kept for a person to look at
     state, _ = restore_checkpoint(workdir, WalkTask().abstract_state())
     np.testing.assert_array_equal(state["w"], restored_ref["w"])
+
+
+_QUIET_RUN = """
+import gc, logging, os, sys
+sys.path.insert(0, sys.argv[2])
+import orbax.checkpoint as ocp
+from helpers import WalkTask
+from jaxrubric import fault_log
+from jaxrubric.train_loop import run_training
+
+
+class Pending:
+    def __await__(self):
+        yield
+
+
+async def read_shard():
+    try:
+        await Pending()
+    finally:
+        raise ValueError("unawaited read failed")
+
+
+real_restore = ocp.CheckpointManager.restore
+
+
+def loud_restore(self, *args, **kwargs):
+    # A failed read, with a message on each channel orbax and TensorStore use: their own depend
+    # on timing (which reads were still pending when one failed: 0 or 1500 lines, run to run).
+    try:
+        return real_restore(self, *args, **kwargs)
+    except Exception:
+        os.write(2, b"E0000 tensorstore.cc:1] C++ log line\\n")
+        logging.getLogger("absl").error("absl log line")
+        coroutine = read_shard()
+        coroutine.send(None)
+        cycle = [coroutine]
+        cycle.append(cycle)  # collected by the garbage collector, whenever it runs
+        raise
+
+
+ocp.CheckpointManager.restore = loud_restore
+fault_log.show_library_output(sys.argv[3] == "--debug")  # as `jaxrubric --debug` sets it
+print("--- resuming")
+run_training(WalkTask(), workdir=sys.argv[1], rounds=6, checkpoint_every=1)
+gc.collect()  # a long run collects sooner or later: whatever was left prints then
+print("--- trained")
+"""
+
+
+def _flip_one_bit(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+LOUD_DAMAGE = {
+    "truncated": lambda f: f.write_bytes(f.read_bytes()[:20]),
+    "garbage": lambda f: f.write_bytes(np.random.default_rng(1).integers(
+        0, 256, f.stat().st_size, np.uint8).tobytes()),
+    "a flipped bit": _flip_one_bit,
+}
+
+
+@pytest.fixture(scope="module")
+def four_rounds(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("four_rounds")
+    run_training(WalkTask(), workdir=workdir, rounds=4, checkpoint_every=1)
+    return workdir
+
+
+@pytest.mark.parametrize("damage, debug", [(damage, False) for damage in LOUD_DAMAGE]
+                         + [("truncated", True)])
+def test_a_handled_damaged_checkpoint_prints_one_line_and_logs_the_details(
+        tmp_path, four_rounds, damage, debug):
+    """What a terminal shows from the fault to the resume: jaxrubric's lines alone (orbax's
+    tracebacks of coroutines that a failed read left unawaited, TensorStore's errors: in the
+    workdir's fault_details.log), unless --debug."""
+    workdir = tmp_path / "run"
+    shutil.copytree(four_rounds, workdir)
+    LOUD_DAMAGE[damage](_largest_data_file(workdir / "checkpoints" / "4"))
+    out = subprocess.run(
+        [sys.executable, "-c", _QUIET_RUN, str(workdir), os.path.dirname(__file__),
+         "--debug" if debug else ""], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert out.returncode == 0 and "--- trained" in out.stdout, out.stdout[-3000:]
+    lines = out.stdout.split("--- resuming\n", 1)[1].splitlines()
+    resumed = lines.index("resumed from round 3")
+    said = lines[:resumed + 1]
+    assert said[-2].startswith("resuming from round 3, the newest good checkpoint"), said
+    if debug:
+        assert "Traceback" in out.stdout and "OUT_OF_RANGE" in out.stdout
+    else:
+        assert len(said) <= 3 and "Traceback" not in out.stdout, out.stdout
+        assert said[0].startswith("checkpoint of round 4 is damaged: ")
+        details = (workdir / "fault_details.log").read_text()
+        assert details.startswith("=== ") and "checkpoint of round 4: " in details
+        if "unreadable" in said[0]:
+            for line in ("Error reading", "C++ log line", "absl log line", "Exception ignored",
+                         "unawaited read failed"):
+                assert line in details, details
 
 
 def test_without_fallback_a_damaged_checkpoint_stops_the_run(tmp_path):
