@@ -91,7 +91,7 @@ SIZES: dict[str, tuple[dict[str, Any], Work]] = {
     "tiny": (dict(vocab_size=1, hidden_size=64, intermediate_size=128, num_layers=2,
                   num_heads=4, num_kv_heads=2, head_dim=32, tie_word_embeddings=True),
              Work(2, 2, 16, 8, 1, 2, 48, 2, 2, 6, 2, 2, 2, 8, 2, 6, 24, 40, 12)),
-    # The tiny Qwen3 of issue 15's peer table.
+    # The tiny Qwen3 of the peer table (`benchmarks/peer_grpo.py`, docs/performance.md).
     "small": (dict(vocab_size=8192, hidden_size=256, intermediate_size=1024, num_layers=4,
                    num_heads=8, num_kv_heads=4, head_dim=32, tie_word_embeddings=True),
               Work(8, 8, 16, 64, 1, 8, 304, 2, 8, 16, 4, 4, 2, 32, 4, 8, 24, 40, 12)),

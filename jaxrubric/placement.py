@@ -81,8 +81,8 @@ def stage_program(setup: Any, stage: Callable[..., Any], mesh: Mesh, args: Seque
     if keep:
         out_shardings = (*(jax.tree.map(lambda x: x.sharding, a) for a in args[:keep]),
                          NamedSharding(mesh, PartitionSpec()))
-    return jax.jit(lambda *a: stage(setup, *a), donate_argnums=tuple(range(keep)),
-                   out_shardings=out_shardings)
+    return jax.jit(shd.traced_in(lambda *a: stage(setup, *a), mesh),
+                   donate_argnums=tuple(range(keep)), out_shardings=out_shardings)
 
 
 def destination(x: jax.Array | jax.ShapeDtypeStruct, mesh: Mesh) -> NamedSharding | None:

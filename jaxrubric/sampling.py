@@ -16,6 +16,7 @@ weights are arguments of the compiled programs, not constants baked into them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from collections.abc import Sequence
@@ -240,19 +241,30 @@ def decode(model: Decoder, cache: KVCache, logits: jax.Array, positions: jax.Arr
     ), final["cache"]
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "cache_len", "num_samples"))
-def _prefill(graphdef, state, tokens, mask, *, cache_len: int, num_samples: int):
-    return prefill(nnx.merge(graphdef, state), tokens, mask, cache_len=cache_len,
-                   num_samples=num_samples)
+def _in_layout(layout: shd.ActivationLayout | None):
+    """Activations placed by `layout` while tracing (nothing placed without one)."""
+    if layout is None:
+        return contextlib.nullcontext()
+    return shd.activation_layout(layout.mesh, layout.rules)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "params", "num_samples", "max_len"),
+@functools.partial(jax.jit, static_argnames=("graphdef", "cache_len", "num_samples", "layout"))
+def _prefill(graphdef, state, tokens, mask, *, cache_len: int, num_samples: int,
+             layout: shd.ActivationLayout | None):
+    with _in_layout(layout):
+        return prefill(nnx.merge(graphdef, state), tokens, mask, cache_len=cache_len,
+                       num_samples=num_samples)
+
+
+@functools.partial(jax.jit,
+                   static_argnames=("graphdef", "params", "num_samples", "max_len", "layout"),
                    donate_argnames=("cache",))
 def _decode(graphdef, state, cache, *args, params: SamplingParams, num_samples: int,
-            max_len: int):
+            max_len: int, layout: shd.ActivationLayout | None):
     """The decode program; the donated cache is updated in place and returned."""
-    return decode(nnx.merge(graphdef, state), cache, *args, params=params,
-                  num_samples=num_samples, max_len=max_len)
+    with _in_layout(layout):
+        return decode(nnx.merge(graphdef, state), cache, *args, params=params,
+                      num_samples=num_samples, max_len=max_len)
 
 
 def sampling_params(*, temperature: float, top_k: int | None, top_p: float | None,
@@ -368,8 +380,10 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]] | np.ndarray, *,
     keys = row_keys(rng, jnp.arange(padded_batch * num_samples))
     if mesh is not None:
         keys = jax.device_put(keys, shd.batch_sharding(mesh, 1, rules))
+    layout = None if mesh is None else shd.ActivationLayout(mesh, rules)
     cache, last_logits = _prefill(graphdef, state, ids_j, mask_j,
-                                  cache_len=prompt_len + out_len, num_samples=num_samples)
+                                  cache_len=prompt_len + out_len, num_samples=num_samples,
+                                  layout=layout)
     params = sampling_params(temperature=temperature, top_k=top_k, top_p=top_p,
                              num_stop=len(stops), constrained=grammar is not None)
     result, _ = _decode(
@@ -377,7 +391,7 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]] | np.ndarray, *,
         jnp.float32(max(temperature, 1e-6)), jnp.float32(1.0 if top_p is None else top_p),
         jnp.asarray(stops if stops else (-1,), jnp.int32), jnp.int32(max_new_tokens),
         None if grammar is None else jax.device_put(grammar),
-        params=params, num_samples=num_samples, max_len=out_len,
+        params=params, num_samples=num_samples, max_len=out_len, layout=layout,
     )
     return jax.tree.map(lambda a: a[:batch, :, :max_new_tokens] if a.ndim == 3 else a[:batch],
                         result)

@@ -215,7 +215,8 @@ def make_sft_step(graph: nnx.GraphDef, optimizer: optax.GradientTransformation, 
         if step.jitted is None:
             home = _home_sharding(params)
             step.shardings = jax.tree.map(lambda x: _sharding_on(x, home), (params, opt_state))
-            step.jitted = jax.jit(update, donate_argnums=(0, 1),
+            mesh = home.mesh if isinstance(home, NamedSharding) else None
+            step.jitted = jax.jit(shd.traced_in(update, mesh), donate_argnums=(0, 1),
                                   out_shardings=(*step.shardings, home))
             # Commits every leaf (no copy where it already sits right): jit keys its cache on
             # commitment too, and the outputs it feeds back are committed.

@@ -17,8 +17,9 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -154,6 +155,21 @@ def activation_layout(mesh: Mesh, rules: Rules = TRAINING_RULES) -> Iterator[Act
         yield _LAYOUT.get()
     finally:
         _LAYOUT.reset(token)
+
+
+def traced_in(fn: Callable[..., Any], mesh: Mesh | None, rules: Rules = TRAINING_RULES
+              ) -> Callable[..., Any]:
+    """`fn` traced under `activation_layout(mesh, rules)`: what a program's builder jits. With
+    no mesh (one device, nowhere to place anything), `fn` itself."""
+    if mesh is None:
+        return fn
+
+    @functools.wraps(fn)
+    def traced(*args: Any, **kwargs: Any) -> Any:
+        with activation_layout(mesh, rules):
+            return fn(*args, **kwargs)
+
+    return traced
 
 
 def current_layout() -> ActivationLayout | None:

@@ -222,8 +222,8 @@ class CoevolveTask:
                       dataclasses.replace(self.setup, config=eval_config))
         if self.colocated:
             self._round = core.make_round_step(self.setup, self.frozen, self.method.round)
-            evaluate = jax.jit(lambda state, frozen, batch, rng: self.method.evaluate(
-                eval_setup, state, frozen, batch, rng))
+            evaluate = jax.jit(shd.traced_in(lambda state, frozen, batch, rng: (
+                self.method.evaluate(eval_setup, state, frozen, batch, rng)), self.mesh))
         else:
             run = placement.SubMeshes(self.setup, self.meshes)
             self._round = core.make_submesh_round_step(self.setup, self.frozen, run,

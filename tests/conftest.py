@@ -22,7 +22,7 @@ import jax  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
 # No persistent compilation cache here: with one per xdist worker, a worker crashed with a fatal
-# signal on CI inside a jitted call (stop 10); XLA:CPU executable (de)serialisation is the one thing
+# signal on CI inside a jitted call; XLA:CPU executable (de)serialisation is the one thing
 # that run added, and it saved only ~30 s of the suite.
 
 import pytest  # noqa: E402

@@ -2,7 +2,7 @@
 verification, the jitted round builders, batch encoding and the stages' shapes (the GRPO role
 updates, which build on these types, are `update.py`).
 
-A round (DESIGN.md section 1) is a pure function `round(setup, state, frozen, batch, rng, run)`
+A round (docs/design.md, §1) is a pure function `round(setup, state, frozen, batch, rng, run)`
 of typed pytrees, written as stages `run(role, stage, *args)` (`jaxrubric.placement`): jitted
 whole it is one program, on sub-meshes one program per stage. `RoundSetup` holds what is
 static (graph definitions, token templates, the grammar, optimisers); `make_round_step` returns
@@ -30,6 +30,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxrubric import placement, sampling
+from jaxrubric import sharding as shd
 from jaxrubric.models.transformer import Decoder
 from jaxrubric.rewards.dynamic_rubric import DISC_MODES, GENERATOR_COMBINES
 from jaxrubric.rewards.genrubric import SPREADS
@@ -529,9 +530,11 @@ def round_program(setup: RoundSetup, round_fn: RoundFn, state_shardings: PyTree
     shardings (concrete or abstract: `jaxrubric plan` compiles the same program): the state
     donated and its shardings kept, frozen weights arguments (not constants), scalars
     replicated, outputs where the program leaves them."""
-    replicated = NamedSharding(jax.tree.leaves(state_shardings)[0].mesh, PartitionSpec())
+    mesh = jax.tree.leaves(state_shardings)[0].mesh
+    replicated = NamedSharding(mesh, PartitionSpec())
     return jax.jit(
-        lambda state, frozen, batch, rng: round_fn(setup, state, frozen, batch, rng),
+        shd.traced_in(lambda state, frozen, batch, rng: round_fn(setup, state, frozen, batch,
+                                                                 rng), mesh),
         donate_argnums=(0,),
         out_shardings=(state_shardings, RoundResult(scalars=replicated, outputs=None)))
 

@@ -1,6 +1,6 @@
 """DynamicRubric: the generator writes rubrics for the policy's own answer set, and both co-evolve.
 
-One round (DESIGN.md sections 1 and 3), stage by stage as `round` runs them:
+One round (docs/design.md, §1 and §6), stage by stage as `round` runs them:
 
 1. **respond** (policy): K answers per prompt;
 2. **write** (generator): shown the prompt and that answer set (or, the static baseline, the

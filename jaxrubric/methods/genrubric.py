@@ -1,6 +1,6 @@
 """GenRubric: the generator writes signed rubric groups from the query alone and self-evolves.
 
-One round (DESIGN.md sections 1 and 3), stage by stage as `round` runs them:
+One round (docs/design.md, §1 and §7), stage by stage as `round` runs them:
 
 1. **write** (generator): G rubric groups per query with signed weights (negative items
    penalise observable errors), grammar-constrained and parsed on device;

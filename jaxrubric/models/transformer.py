@@ -7,8 +7,10 @@ tree masks need nothing special. A shared prefix under many branches (a GRPO gro
 verifier prefix under its items) has its own path, `Decoder.shared_prefix_hidden`: the prefix
 encoded once, and no scores computed between branches.
 
-Every parameter carries `logical_axes` metadata; `jaxrubric.sharding` maps those names to mesh
-axes. No sharding decision lives here.
+Every parameter carries `logical_axes` metadata, and every activation a layer hands on is
+named likewise (`_act`: the residual stream, q/k/v, the attention output, the MLP's
+intermediate, the logits); `jaxrubric.sharding` maps those names to mesh axes under the layout a
+program is traced in. No sharding decision lives here.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxrubric import sharding as shd
 from jaxrubric.models import lora as lora_lib
 from jaxrubric.models.attention import attention, branch_attention
 from jaxrubric.models.config import ModelConfig
@@ -80,6 +83,24 @@ class KVCache(NamedTuple):
                        self.index)
 
 
+# Logical axes of the activations (`jaxrubric.sharding.ACTIVATION_RULES`), by layout.
+_RESIDUAL = ("activation_batch", "activation_length", "activation_embed")  # [B, T, hidden]
+_QUERIES = ("activation_batch", "activation_length", "activation_heads", "activation_head_dim")
+_KEYS = ("activation_batch", "activation_kv_heads", "activation_length", "activation_head_dim")
+_MLP = ("activation_batch", "activation_length", "activation_mlp")
+
+
+def _act(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
+    """`x` placed by the activation rules: rows over the batch axes, features as named.
+
+    A leading batch of branches (`[B, S, L, ...]`, one more dimension than `axes` names) keeps
+    its rows on the batch axes and its branches whole.
+    """
+    if x.ndim == len(axes) + 1:
+        axes = (axes[0], None, *axes[1:])
+    return shd.constrain(x, axes)
+
+
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     """RMSNorm computed in float32 and cast back, as transformers does."""
     x32 = x.astype(jnp.float32)
@@ -109,9 +130,9 @@ def _attention_inputs(config: ModelConfig, w: dict, x, cos, sin, drop_key):
     if config.qk_norm:
         q = rms_norm(q, w["q_norm"], config.rms_norm_eps)
         k = rms_norm(k, w["k_norm"], config.rms_norm_eps)
-    q = apply_rope(q, cos, sin)
-    k = apply_rope(k, cos, sin).transpose(0, 2, 1, 3)
-    return q, k, v.transpose(0, 2, 1, 3)
+    q = _act(apply_rope(q, cos, sin), _QUERIES)
+    k = _act(apply_rope(k, cos, sin).transpose(0, 2, 1, 3), _KEYS)
+    return q, k, _act(v.transpose(0, 2, 1, 3), _KEYS)
 
 
 def _attention_output(config: ModelConfig, w: dict, x, attn, drop_key):
@@ -119,9 +140,10 @@ def _attention_output(config: ModelConfig, w: dict, x, attn, drop_key):
     def proj(name, h):
         return lora_lib.project(name, h, w, config.lora, drop_key)
 
-    x = x + proj("o_proj", attn)
+    x = _act(x + proj("o_proj", _act(attn, _QUERIES)), _RESIDUAL)
     h = rms_norm(x, w["post_attention_norm"], config.rms_norm_eps)
-    return x + proj("down_proj", jax.nn.silu(proj("gate_proj", h)) * proj("up_proj", h))
+    hidden = _act(jax.nn.silu(proj("gate_proj", h)) * proj("up_proj", h), _MLP)
+    return _act(x + proj("down_proj", hidden), _RESIDUAL)
 
 
 def _layer(config: ModelConfig, p: dict, x, cos, sin, mask, kv_write, drop_key=None):
@@ -129,6 +151,7 @@ def _layer(config: ModelConfig, p: dict, x, cos, sin, mask, kv_write, drop_key=N
     `drop_key [B]`: this layer's LoRA dropout keys, one per row (None: no dropout)."""
     dtype = jnp.dtype(config.dtype)
     w = {name: value.astype(dtype) for name, value in p.items()}
+    x = _act(x, _RESIDUAL)
     q, k, v = _attention_inputs(config, w, x, cos, sin, drop_key)
     k_all, v_all, cache_out = kv_write(k, v)
     attn = attention(q, k_all, v_all, mask, config.attention_chunk)
@@ -150,19 +173,22 @@ def _shared_prefix_layer(config: ModelConfig, p: dict, xs, rope, masks, drop_key
     drop_p, drop_b = drop_keys
     prefix_mask, branch_mask = masks
     b, s, l, hidden = x_b.shape
+    x_p = _act(x_p, _RESIDUAL)
     q_p, k_p, v_p = _attention_inputs(config, w, x_p, cos_p, sin_p, drop_p)
-    flat = x_b.reshape(b * s, l, hidden)
+    flat = _act(x_b.reshape(b * s, l, hidden), _RESIDUAL)
     q_b, k_b, v_b = _attention_inputs(config, w, flat, cos_b, sin_b, drop_b)
     causal = jnp.arange(x_p.shape[1])[:, None] >= jnp.arange(x_p.shape[1])[None, :]
     attn_p = attention(q_p, k_p, v_p, causal[None] & prefix_mask[:, None, :],
                        config.attention_chunk)
-    split = lambda t: t.reshape(b, s, *t.shape[1:])  # noqa: E731
-    attn_b = branch_attention(split(q_b), k_p, v_p, prefix_mask, split(k_b), split(v_b),
-                              branch_mask, config.attention_chunk)
+    def split(t: jax.Array, axes: tuple[str, ...]) -> jax.Array:  # [B S, ...] -> [B, S, ...]
+        return _act(t.reshape(b, s, *t.shape[1:]), axes)
+
+    attn_b = branch_attention(split(q_b, _QUERIES), k_p, v_p, prefix_mask, split(k_b, _KEYS),
+                              split(v_b, _KEYS), branch_mask, config.attention_chunk)
     x_p = _attention_output(config, w, x_p, attn_p, drop_p)
     x_b = _attention_output(config, w, flat, attn_b.reshape(b * s, l, *attn_b.shape[3:]),
                             drop_b)
-    return x_p, x_b.reshape(b, s, l, hidden)
+    return x_p, _act(x_b.reshape(b, s, l, hidden), _RESIDUAL)
 
 
 _REMAT = {
@@ -234,7 +260,8 @@ class Decoder(nnx.Module):
                               preferred_element_type=jnp.float32)
         if cfg.padded_vocab_size != cfg.vocab_size:
             out = jnp.where(jnp.arange(out.shape[-1]) < cfg.vocab_size, out, MASKED_LOGIT)
-        return out
+        lengths = ("activation_length",) * (out.ndim - 2)
+        return shd.constrain(out, ("activation_batch", *lengths, "activation_vocab"))
 
     def hidden_states(self, tokens, positions=None, attention_mask=None, segment_ids=None,
                       cache=None, lora_drop_keys=None):
@@ -281,7 +308,7 @@ class Decoder(nnx.Module):
                 mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :])
 
         cos, sin = rope_tables(positions, inverse_frequencies(cfg.rope, cfg.head_dim))
-        x = self.embed[...].astype(dtype)[tokens]
+        x = _act(self.embed[...].astype(dtype)[tokens], _RESIDUAL)
 
         def body(x, p, layer, k_cache=None, v_cache=None):
             drop = _layer_keys(lora_drop_keys, layer)
@@ -289,10 +316,10 @@ class Decoder(nnx.Module):
             def kv_write(k, v):
                 if k_cache is None:
                     return k, v, None
-                k_all = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype),
-                                                     (0, 0, offset, 0))
-                v_all = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype),
-                                                     (0, 0, offset, 0))
+                k_all = _act(jax.lax.dynamic_update_slice(
+                    k_cache, k.astype(k_cache.dtype), (0, 0, offset, 0)), _KEYS)
+                v_all = _act(jax.lax.dynamic_update_slice(
+                    v_cache, v.astype(v_cache.dtype), (0, 0, offset, 0)), _KEYS)
                 return k_all.astype(dtype), v_all.astype(dtype), (k_all, v_all)
             return _layer(cfg, p, x, cos, sin, mask, kv_write, drop)
 
@@ -312,7 +339,7 @@ class Decoder(nnx.Module):
                 x, out = body(x, self._layer_weights(i), i, *kv)
                 new_kv.append(out)
 
-        hidden = rms_norm(x, self.final_norm[...], cfg.rms_norm_eps)
+        hidden = _act(rms_norm(x, self.final_norm[...], cfg.rms_norm_eps), _RESIDUAL)
         if cache is None:
             return hidden, None
         k_new, v_new = (tuple(t) for t in zip(*new_kv))
@@ -346,7 +373,7 @@ class Decoder(nnx.Module):
         inv = inverse_frequencies(cfg.rope, cfg.head_dim)
         rope = (rope_tables(prefix_pos, inv), rope_tables(branch_pos.reshape(b * s, l), inv))
         table = self.embed[...].astype(dtype)
-        xs = (table[prefix], table[branches])
+        xs = (_act(table[prefix], _RESIDUAL), _act(table[branches], _RESIDUAL))
         if lora_drop_keys is None:
             drops = (None, None)
         else:
@@ -365,7 +392,9 @@ class Decoder(nnx.Module):
         else:
             for i in range(cfg.num_layers):
                 xs = body(xs, self._layer_weights(i), i)
-        norm = lambda x: rms_norm(x, self.final_norm[...], cfg.rms_norm_eps)  # noqa: E731
+        def norm(x: jax.Array) -> jax.Array:
+            return _act(rms_norm(x, self.final_norm[...], cfg.rms_norm_eps), _RESIDUAL)
+
         return norm(xs[0]), norm(xs[1])
 
     def _layer_weights(self, i: int) -> dict[str, jax.Array]:

@@ -1,4 +1,4 @@
-"""Rubric scores: weighted verdicts aggregated per group (DESIGN.md section 3).
+"""Rubric scores: weighted verdicts aggregated per group (docs/design.md, §5).
 
 All functions are pure ``jax.numpy``, jittable, and reduce only the last (item) axis, so any
 leading batch dims work. Verdicts and weights follow NumPy broadcasting, which aligns trailing
