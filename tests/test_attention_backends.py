@@ -21,6 +21,7 @@ from jaxrubric.config import ConfigFileError, load_config
 from jaxrubric.models import attention
 from jaxrubric.models.attention import CausalPadding, cudnn, splash
 from jaxrubric.models.config import ConfigError
+from jaxrubric.plan import hlo_cost
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny_dynamic_rubric.py"
 
@@ -189,8 +190,10 @@ def test_auto_resolves_by_the_platform_compiled_for():
 def test_splash_compiles_for_a_tpu_slice():
     """Forward and backward of a causal and a shared-prefix call in bfloat16, lowered under the
     layout of a v5e:2x2 mesh (data=2 x tensor=2) and compiled by the TPU compiler: three splash
-    kernels (forward, dq, dkv) in each. At the default matmul precision, as the TPU compiles
-    in `test_plan` (Mosaic refuses this session's float32 precision for bfloat16 operands)."""
+    kernels (forward, dq, dkv) in each, which the plan's HLO walk counts (per device: one row,
+    2 of the 4 heads, 256 of 200 positions, the whole square). At the default matmul
+    precision, as the TPU compiles in `test_plan` (Mosaic refuses this session's float32
+    precision for bfloat16 operands)."""
     mesh = _tpu_mesh({"data": 2, "tensor": 2})
     qkv, valid = _causal_case(200, 4, 2)
     arrays, prefix_valid, branch_valid = _prefix_case(70, 3, 45)
@@ -209,6 +212,11 @@ def test_splash_compiles_for_a_tpu_slice():
     for text in (causal, shared):
         for kernel in ("splash_mha_fwd", "splash_mha_dq", "splash_mha_dkv"):
             assert kernel in text
+    computations, _ = hlo_cost.parse_module(causal)
+    instructions = [i for body in computations.values() for i in body]
+    types = {i.name: i.shape for i in instructions}
+    kernels = [i for i in instructions if i.opcode == "custom-call" and "splash" in i.name]
+    assert sum(hlo_cost._flops(i, types) for i in kernels) == 2 * (2 + 3 + 4) * 2 * 256 ** 2 * 32
 
 
 def test_cudnn_needs_a_gpu():
