@@ -10,7 +10,6 @@ types and string options before any model is loaded, naming the key and the clos
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import importlib.util
 import json
@@ -24,8 +23,8 @@ import ml_collections
 
 from jaxrubric.methods import get_method
 from jaxrubric.methods.core import OPTIONS, RoundConfig
-from jaxrubric.models.config import (LORA_TARGETS, REMAT_POLICIES, ConfigError, DTypeLike,
-                                      LoraConfig, dtype_name)
+from jaxrubric.models.config import (ATTENTION_IMPLS, LORA_TARGETS, REMAT_POLICIES, ConfigError,
+                                      DTypeLike, LoraConfig, did_you_mean, dtype_name)
 from jaxrubric.placement import resolve_submeshes
 from jaxrubric.roles import ROLES, TRAINED
 from jaxrubric.rubric.templates import STYLES
@@ -40,6 +39,7 @@ _DECLARED: dict[str, Any] = {key: DTypeLike for key in _DTYPE_KEYS}
 _CHOICES: dict[str, Collection[str]] = {
     **{f"round.{name}": allowed for name, allowed in OPTIONS.items()},
     **{f"{role}.remat": REMAT_POLICIES for role in ROLES},
+    **{f"{role}.attention_impl": ATTENTION_IMPLS for role in ROLES},
     "rubric.template_style": STYLES,
     "optim.lr_schedule": ("constant", "cosine"),
 }
@@ -63,10 +63,13 @@ def base_config() -> ml_collections.ConfigDict:
     c.tokenizer = ""  # a folder or hub id; empty: the policy checkpoint's tokenizer
     c.chat_template_kwargs = ml_collections.ConfigDict({})
     # attention_chunk > 0: attention over blocks of that many queries (ModelConfig).
+    # attention_impl: the attention backend, auto (by the platform compiled for: TPU splash,
+    # GPU cudnn, CPU xla), xla (the einsum form), splash or cudnn (jaxrubric.models.attention).
     for role in ROLES:
         c[role.value] = ml_collections.ConfigDict(
             {"path": "", "seed": 0, "dtype": _dtype_field(), "param_dtype": _dtype_field(),
-             "remat": "none", "attention_chunk": 0, "scan_layers": True})
+             "remat": "none", "attention_chunk": 0, "attention_impl": "auto",
+             "scan_layers": True})
     # LoRA on a trained role (rank 0: full fine-tuning): only the adapters train and sit in the
     # optimiser, the base weights stay frozen in the compute dtype and are the KL reference.
     # targets: comma-separated projections (q_proj, k_proj, v_proj, o_proj, gate_proj,
@@ -397,12 +400,7 @@ def _no_key(key: str) -> str:
     parts = key.split(".")
     prefixes = (".".join(parts[:n]) for n in range(1, len(parts) + 1))
     unknown = next((prefix for prefix in prefixes if prefix not in _known()), key)
-    return f"config has no key {unknown!r}{_did_you_mean(unknown, _field_types())}"
-
-
-def _did_you_mean(word: str, names: Collection[str]) -> str:
-    close = difflib.get_close_matches(word, names, n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    return f"config has no key {unknown!r}{did_you_mean(unknown, _field_types())}"
 
 
 def _get(config: ml_collections.ConfigDict, key: str) -> Any:
@@ -533,7 +531,7 @@ def _check_choices(config: ml_collections.ConfigDict) -> None:
         value = _get(config, key)
         if value not in allowed:
             raise ConfigFileError(f"config.{key} {value!r} is not one of {sorted(allowed)}"
-                                  f"{_did_you_mean(value, allowed)}")
+                                  f"{did_you_mean(value, allowed)}")
     for key in _DTYPE_KEYS:
         try:
             _set(config, key, dtype_name(_get(config, key), field=f"config.{key}"))

@@ -80,12 +80,14 @@ def role_model(role: ml_collections.ConfigDict, vocab_size: int, tokenizer: Any,
         model = jaxrubric.load_pretrained(role.path, dtype=role.dtype, param_dtype=param_dtype,
                                           mesh=mesh, remat=role.remat,
                                           attention_chunk=role.attention_chunk,
+                                          attention_impl=role.attention_impl,
                                           scan_layers=role.scan_layers)
     else:
         cfg = jaxrubric.tiny_config(
             "qwen3", vocab_size=vocab_size, eos_token_ids=(tokenizer.eos_token_id,),
             pad_token_id=tokenizer.pad_token_id, dtype=role.dtype, param_dtype=param_dtype,
-            remat=role.remat, attention_chunk=role.attention_chunk, scan_layers=role.scan_layers,
+            remat=role.remat, attention_chunk=role.attention_chunk,
+            attention_impl=role.attention_impl, scan_layers=role.scan_layers,
             vocab_multiple=shd.vocab_multiple(mesh))
         model = shd.shard_model(jaxrubric.init_model(cfg, seed=role.seed), mesh)
     if lora is not None:

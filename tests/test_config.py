@@ -61,7 +61,7 @@ def test_bad_override_names_the_key(override, message):
 @pytest.mark.parametrize("key", [
     "round.kl_estimator", "round.aggregation", "round.advantage_mode", "round.disc_mode",
     "round.policy_score", "round.rubric_source", "round.policy_reward", "round.policy_kl",
-    "round.generator_kl", "round.policy_advantage_mode", "policy.remat",
+    "round.generator_kl", "round.policy_advantage_mode", "policy.remat", "generator.attention_impl",
     "verifier.param_dtype", "rubric.template_style"])
 def test_every_string_option_is_checked_against_its_registry(key):
     with _raises(f"config.{key} 'nonsense' is not one of"):

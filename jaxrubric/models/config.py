@@ -17,6 +17,9 @@ import numpy as np
 SUPPORTED_ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
+# The attention backends (`jaxrubric.models.attention`): `auto` picks by the platform the
+# program is compiled for (TPU: splash, GPU: cudnn, CPU: xla, the einsum form).
+ATTENTION_IMPLS = ("auto", "xla", "splash", "cudnn")
 # The compute and storage dtypes a model may use (the ones safetensors files are read in).
 DTYPES = ("float32", "bfloat16", "float16")
 # A dtype as JAX users write it: a name, a NumPy dtype, or a scalar type (`jnp.bfloat16`).
@@ -27,6 +30,12 @@ class ConfigError(ValueError):
     """A model configuration that jaxrubric cannot build, with the field that is wrong."""
 
 
+def did_you_mean(word: Any, names: Any) -> str:
+    """` (did you mean 'x'?)` for the name in `names` closest to a misspelt `word`, or ''."""
+    close = difflib.get_close_matches(str(word), list(names), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def dtype_name(dtype: DTypeLike, *, field: str = "dtype") -> str:
     """The name in `DTYPES` of a dtype given any way JAX accepts one, so configs store
     JSON-serialisable, hashable names; a ConfigError naming `field` otherwise."""
@@ -35,9 +44,8 @@ def dtype_name(dtype: DTypeLike, *, field: str = "dtype") -> str:
     except TypeError:
         name = None
     if name not in DTYPES:
-        close = difflib.get_close_matches(str(dtype), DTYPES, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(f"{field} {dtype!r} is not one of {list(DTYPES)}{hint}")
+        raise ConfigError(f"{field} {dtype!r} is not one of {list(DTYPES)}"
+                          f"{did_you_mean(dtype, DTYPES)}")
     return name
 
 
@@ -97,6 +105,8 @@ class ModelConfig:
     more queries than that, so one layer holds `[rows, heads, chunk, S]` scores instead of
     `[rows, heads, T, S]` (long prompts, many branches of a shared prefix); 0 keeps the single
     einsum.
+    `attention_impl`: the attention backend, one of `ATTENTION_IMPLS` (decoding steps and
+    explicit masks always take the einsum form).
     `lora`: LoRA adapters beside the targeted projections' weights (None: none); `param_dtype`
     is then the adapters' storage dtype (a LoRA role's frozen base is loaded in `dtype`).
     """
@@ -122,6 +132,7 @@ class ModelConfig:
     scan_layers: bool = True
     remat: str = "none"
     attention_chunk: int = 0
+    attention_impl: str = "auto"
     lora: LoraConfig | None = None  # adapters on some projections (jaxrubric.models.lora)
 
     def __post_init__(self) -> None:
@@ -146,6 +157,10 @@ class ModelConfig:
             )
         if self.attention_chunk < 0:
             raise ConfigError(f"attention_chunk must be >= 0 (0: off), got {self.attention_chunk}")
+        if self.attention_impl not in ATTENTION_IMPLS:
+            raise ConfigError(
+                f"attention_impl {self.attention_impl!r} is not one of {list(ATTENTION_IMPLS)}"
+                f"{did_you_mean(self.attention_impl, ATTENTION_IMPLS)}")
         if self.remat not in REMAT_POLICIES:
             raise ConfigError(f"remat {self.remat!r} is not one of {REMAT_POLICIES}")
         for name in ("dtype", "param_dtype"):

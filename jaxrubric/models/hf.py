@@ -202,7 +202,8 @@ def _place_stacked(shape, dtype, sharding: NamedSharding,
 def load_pretrained(path: str | os.PathLike, *, dtype: DTypeLike | None = None,
                     param_dtype: DTypeLike | None = None, mesh: Mesh | None = None,
                     rules: shd.Rules = shd.TRAINING_RULES, scan_layers: bool = True,
-                    remat: str = "none", attention_chunk: int = 0) -> Decoder:
+                    remat: str = "none", attention_chunk: int = 0,
+                    attention_impl: str = "auto") -> Decoder:
     """Loads a Qwen3 / Llama 3 Hugging Face checkpoint (local folder or hub id) onto `mesh`.
 
     `dtype` is the compute dtype and, unless `param_dtype` is given, the storage dtype too;
@@ -219,7 +220,7 @@ def load_pretrained(path: str | os.PathLike, *, dtype: DTypeLike | None = None,
     cfg = ModelConfig.from_hf_dict(
         hf_config, source=str(folder / "config.json"), dtype=dtype, param_dtype=param_dtype,
         vocab_multiple=shd.vocab_multiple(mesh, rules), scan_layers=scan_layers, remat=remat,
-        attention_chunk=attention_chunk)
+        attention_chunk=attention_chunk, attention_impl=attention_impl)
     reader = _TensorReader(folder)
     np_dtype = NP_DTYPES[param_dtype]
 

@@ -20,11 +20,12 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jaxrubric import sharding as shd
 from jaxrubric.models import lora as lora_lib
-from jaxrubric.models.attention import attention, branch_attention
+from jaxrubric.models.attention import CausalPadding, self_attention, shared_prefix_attention
 from jaxrubric.models.config import ModelConfig
 from jaxrubric.models.rope import apply_rope, inverse_frequencies, rope_tables
 
@@ -62,7 +63,9 @@ class KVCache(NamedTuple):
     One array per layer (not one stacked array) so each layer's new entries are written in
     place inside a decode loop instead of copying the whole cache every step. `valid [B, S]`
     marks slots that hold real tokens (left padding stays invalid); `index` is the next slot
-    to write, shared by the batch (rows advance in lockstep).
+    to write, shared by the batch (rows advance in lockstep). A new cache's `index` is a NumPy
+    zero, known while tracing: its prefill then takes the configured attention backend
+    (`_fresh`); a cache passed into a program, or written to, has a traced index.
     """
 
     k: tuple[jax.Array, ...]
@@ -74,7 +77,7 @@ class KVCache(NamedTuple):
     def empty(cls, config: ModelConfig, batch: int, length: int) -> "KVCache":
         shape = (batch, config.num_kv_heads, length, config.head_dim)
         zeros = tuple(jnp.zeros(shape, jnp.dtype(config.dtype)) for _ in range(config.num_layers))
-        return cls(zeros, zeros, jnp.zeros((batch, length), bool), jnp.zeros((), jnp.int32))
+        return cls(zeros, zeros, jnp.zeros((batch, length), bool), np.zeros((), np.int32))
 
     def repeat(self, times: int) -> "KVCache":
         """Each row copied `times` times (consecutively): K samples continuing one prompt."""
@@ -154,8 +157,15 @@ def _layer(config: ModelConfig, p: dict, x, cos, sin, mask, kv_write, drop_key=N
     x = _act(x, _RESIDUAL)
     q, k, v = _attention_inputs(config, w, x, cos, sin, drop_key)
     k_all, v_all, cache_out = kv_write(k, v)
-    attn = attention(q, k_all, v_all, mask, config.attention_chunk)
+    attn = self_attention(q, k_all, v_all, mask, impl=config.attention_impl,
+                          chunk=config.attention_chunk)
     return _attention_output(config, w, x, attn, drop_key), cache_out
+
+
+def _fresh(cache: KVCache) -> bool:
+    """Whether `cache` is known while tracing to hold nothing (`KVCache.empty` in the traced
+    program): a prefill into it puts query `t` at slot `t`, and its later slots are empty."""
+    return isinstance(cache.index, np.ndarray | np.integer) and int(cache.index) == 0
 
 
 def _layer_keys(keys: jax.Array | None, layer) -> jax.Array | None:
@@ -177,14 +187,12 @@ def _shared_prefix_layer(config: ModelConfig, p: dict, xs, rope, masks, drop_key
     q_p, k_p, v_p = _attention_inputs(config, w, x_p, cos_p, sin_p, drop_p)
     flat = _act(x_b.reshape(b * s, l, hidden), _RESIDUAL)
     q_b, k_b, v_b = _attention_inputs(config, w, flat, cos_b, sin_b, drop_b)
-    causal = jnp.arange(x_p.shape[1])[:, None] >= jnp.arange(x_p.shape[1])[None, :]
-    attn_p = attention(q_p, k_p, v_p, causal[None] & prefix_mask[:, None, :],
-                       config.attention_chunk)
     def split(t: jax.Array, axes: tuple[str, ...]) -> jax.Array:  # [B S, ...] -> [B, S, ...]
         return _act(t.reshape(b, s, *t.shape[1:]), axes)
 
-    attn_b = branch_attention(split(q_b, _QUERIES), k_p, v_p, prefix_mask, split(k_b, _KEYS),
-                              split(v_b, _KEYS), branch_mask, config.attention_chunk)
+    attn_p, attn_b = shared_prefix_attention(
+        q_p, k_p, v_p, prefix_mask, split(q_b, _QUERIES), split(k_b, _KEYS), split(v_b, _KEYS),
+        branch_mask, impl=config.attention_impl, chunk=config.attention_chunk)
     x_p = _attention_output(config, w, x_p, attn_p, drop_p)
     x_b = _attention_output(config, w, flat, attn_b.reshape(b * s, l, *attn_b.shape[3:]),
                             drop_b)
@@ -296,16 +304,16 @@ class Decoder(nnx.Module):
                 positions = before + jnp.cumsum(token_valid, axis=1) - 1
                 positions = jnp.maximum(positions, 0)
 
+        if segment_ids is not None and cache is not None and not explicit_mask:
+            raise ValueError("segment_ids with a KV cache are not supported; pass a mask")
         if explicit_mask:
             mask = attention_mask.astype(bool)
-        else:
+        elif cache is None or _fresh(cache):  # a training forward, a prefill: any backend
+            mask = CausalPadding(token_valid, segment_ids)
+        else:  # decoding steps: the einsum form over the cache
             query_slot = offset + jnp.arange(length)
             key_slot = jnp.arange(slot_valid.shape[1])
             mask = (key_slot[None, :] <= query_slot[:, None])[None] & slot_valid[:, None, :]
-            if segment_ids is not None:
-                if cache is not None:
-                    raise ValueError("segment_ids with a KV cache are not supported; pass a mask")
-                mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :])
 
         cos, sin = rope_tables(positions, inverse_frequencies(cfg.rope, cfg.head_dim))
         x = _act(self.embed[...].astype(dtype)[tokens], _RESIDUAL)

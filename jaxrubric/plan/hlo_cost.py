@@ -25,6 +25,11 @@ done); other masks (padding, a sliding window) are counted whole. Their bytes ar
 operands and results, less the library's scratch buffer (the last `s8`/`u8` of the result).
 Other custom calls count their bytes only.
 
+Pallas splash attention kernels (`models.attention.splash`, TPU custom calls) are opaque to
+the walk: their matmuls are counted from their q and k shapes over the whole (query, key)
+square, an upper bound of what the kernel computes (it skips the blocks its mask leaves empty:
+about half of a causal square, more under shared-prefix branches).
+
 Instructions are attributed to the stage whose `jax.named_scope` (`compile.ScopedStages`) is in
 their `op_name`, else to the stage of the loop, call or fusion that holds them, else `other`.
 """
@@ -50,6 +55,11 @@ OP_NAME = re.compile(r'op_name="([^"]*)"')
 ARITHMETIC = {"add", "subtract", "multiply", "divide", "maximum", "minimum", "negate", "abs",
               "compare", "select", "and", "or", "xor", "not", "remainder", "clamp", "sign",
               "floor", "ceil", "round-nearest-even", "round-nearest-afz"}
+FLOATS = ("bf16", "f16", "f32")
+# Matmuls of `2 x T x S x D` FLOPs per head in each splash kernel: the forward computes QK^T
+# and PV; dq recomputes QK^T, then dP and dQ; dkv recomputes QK^T, then dV, dP and dK.
+SPLASH = re.compile(r"splash_m[hq]a_(fwd|dq|dkv)")
+SPLASH_MATMULS = {"fwd": 2, "dq": 3, "dkv": 4}
 FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while",
         "conditional", "call", "after-all", "partition-id", "replica-id", "opt-barrier",
         "iota", "all-gather-done", "all-reduce-done", "collective-permute-done", "async-done",
@@ -216,6 +226,10 @@ def _flops(ins: Instruction, types: Mapping[str, str]) -> float:
         return float(elements(ins.shape))
     if ins.opcode in ("reduce", "reduce-window"):
         return float(elements(operands[0]))
+    kernel = SPLASH.match(ins.name) if ins.opcode == "custom-call" else None
+    if kernel:  # q [..., heads, T, D] and k [..., kv_heads, S, D], the first two float operands
+        q, k = [dims for t in operands for d, dims in _shapes(t)[:1] if d in FLOATS][:2]
+        return 2.0 * SPLASH_MATMULS[kernel.group(1)] * math.prod(q[:-1]) * k[-2] * q[-1]
     return 0.0
 
 
@@ -310,10 +324,17 @@ def _bytes(ins: Instruction, types: Mapping[str, str]) -> float:
     return sum(nbytes(t) for t in operands) + nbytes(ins.shape)
 
 
-def _stage(ins: Instruction, stages: Iterable[str]) -> str | None:
+def _stage(ins: Instruction, stages: Iterable[str], instructions: Mapping[str, Instruction]
+           ) -> str | None:
+    """The stage `ins`'s op_name names. An instruction without an op_name (a Pallas kernel's
+    custom call) takes the first stage its operands' op_names name, constants aside (XLA
+    shares one constant between stages that both use it)."""
     match = OP_NAME.search(ins.attributes)
-    if not match:
-        return None
+    if match is None:
+        producers = (instructions.get(n) for n in _operand_names(ins))
+        return next((s for p in producers if p is not None and p.opcode != "constant"
+                     and OP_NAME.search(p.attributes)
+                     and (s := _stage(p, stages, instructions))), None)
     parts = match.group(1).split("/")
     return next((s for s in stages if s in parts), None)
 
@@ -400,7 +421,7 @@ def stage_costs(text: str, stages: Iterable[str] = (), trip_counts: bool = True
     def walk(name: str, scale: float, inherited: str) -> None:
         nonlocal unknown
         for ins in computations.get(name, []):
-            stage = _stage(ins, stages) or inherited
+            stage = _stage(ins, stages, instructions) or inherited
             called = dict(CALLS.findall(ins.attributes))
             if ins.opcode == "fusion":
                 body = computations.get(called.get("calls", ""), [])

@@ -102,7 +102,8 @@ def role_model_config(role: ml_collections.ConfigDict, tokenizer: Any, mesh: Abs
     adapters in `param_dtype` over a base held in the compute dtype), and its source; an
     empty path is the tiny random Qwen3 over the tokenizer's vocabulary."""
     common = dict(dtype=role.dtype, param_dtype=role.param_dtype, remat=role.remat,
-                  attention_chunk=role.attention_chunk, scan_layers=role.scan_layers,
+                  attention_chunk=role.attention_chunk, attention_impl=role.attention_impl,
+                  scan_layers=role.scan_layers,
                   vocab_multiple=shd.vocab_multiple(mesh),
                   lora=lora)
     if role.path:

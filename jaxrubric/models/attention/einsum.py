@@ -1,4 +1,4 @@
-"""Attention for the decoder: the einsum forms XLA lowers well on CPU, GPU and TPU.
+"""The einsum forms of attention: the CPU path, and the reference the kernels are held to.
 
 `attention` is a layer's grouped-query attention under an explicit mask; `branch_attention`
 is the shared-prefix form (S branches continuing one prefix, no scores between branches).
