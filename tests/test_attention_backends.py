@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as mask_lib
 
 import jaxrubric
 from jaxrubric import sharding as shd
@@ -190,12 +191,13 @@ def test_auto_resolves_by_the_platform_compiled_for():
 def test_splash_compiles_for_a_tpu_slice():
     """Forward and backward of a causal and a shared-prefix call in bfloat16, lowered under the
     layout of a v5e:2x2 mesh (data=2 x tensor=2) and compiled by the TPU compiler: three splash
-    kernels (forward, dq, dkv) in each, which the plan's HLO walk counts (per device: one row,
-    2 of the 4 heads, 256 of 200 positions, the whole square). At the default matmul
+    kernels (forward, dq, dkv) in each, which the plan's HLO walk counts over the tiles the
+    causal mask leaves (per device: one row, 2 of the 4 heads, 640 of 600 positions in
+    128-blocks, 15 of the 25 tiles). At the default matmul
     precision, as the TPU compiles in `test_plan` (Mosaic refuses this session's float32
     precision for bfloat16 operands)."""
     mesh = _tpu_mesh({"data": 2, "tensor": 2})
-    qkv, valid = _causal_case(200, 4, 2)
+    qkv, valid = _causal_case(600, 4, 2)
     arrays, prefix_valid, branch_valid = _prefix_case(70, 3, 45)
 
     def grads(fn, args):
@@ -213,10 +215,15 @@ def test_splash_compiles_for_a_tpu_slice():
         for kernel in ("splash_mha_fwd", "splash_mha_dq", "splash_mha_dkv"):
             assert kernel in text
     computations, _ = hlo_cost.parse_module(causal)
-    instructions = [i for body in computations.values() for i in body]
-    types = {i.name: i.shape for i in instructions}
-    kernels = [i for i in instructions if i.opcode == "custom-call" and "splash" in i.name]
-    assert sum(hlo_cost._flops(i, types) for i in kernels) == 2 * (2 + 3 + 4) * 2 * 256 ** 2 * 32
+    instructions = {i.name: i for body in computations.values() for i in body}
+    types = {name: i.shape for name, i in instructions.items()}
+    kernels = [i for i in instructions.values()
+               if i.opcode == "custom-call" and "splash" in i.name]
+    shares = [hlo_cost.splash_share(i, instructions) for i in kernels]
+    assert shares == [15 / 25] * 3
+    assert splash.tile_share(mask_lib.CausalMask((640, 640)), 128) == 15 / 25
+    counted = sum(hlo_cost._flops(i, types, s) for i, s in zip(kernels, shares))
+    assert counted == pytest.approx(15 / 25 * 2 * (2 + 3 + 4) * 2 * 640 ** 2 * 32)
 
 
 def test_cudnn_needs_a_gpu():
@@ -341,3 +348,16 @@ def test_model_with_splash_on_the_mesh_equals_the_einsum_form():
         outs.append(jax.jit(forward)(params))
     assert "shard_map" in str(jax.make_jaxpr(forward)(params))  # the splash model's
     _close(outs[1], outs[0])
+
+
+def test_tile_share_counts_the_tiles_a_mask_touches():
+    """`splash.tile_share` against a brute-force count of the blocks with any position to
+    attend, for the masks the round uses."""
+    masks_ = [mask_lib.CausalMask((768, 768)), splash.SharedPrefixMask(768, 200, 70),
+              splash.SharedPrefixMask(1024, 300, 30)]
+    for mask in masks_:
+        dense = np.asarray(mask[0:mask.shape[0], 0:mask.shape[1]])
+        for block in (128, 256):
+            n = dense.shape[0] // block
+            tiles = dense.reshape(n, block, n, block).any(axis=(1, 3))
+            assert splash.tile_share(mask, block) == tiles.sum() / n ** 2

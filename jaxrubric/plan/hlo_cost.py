@@ -26,9 +26,10 @@ operands and results, less the library's scratch buffer (the last `s8`/`u8` of t
 Other custom calls count their bytes only.
 
 Pallas splash attention kernels (`models.attention.splash`, TPU custom calls) are opaque to
-the walk: their matmuls are counted from their q and k shapes over the whole (query, key)
-square, an upper bound of what the kernel computes (it skips the blocks its mask leaves empty:
-about half of a causal square, more under shared-prefix branches).
+the walk: their matmuls are counted from their q and k shapes over the (query, key) tiles the
+kernel computes, the share of the square its static mask leaves (it skips the empty tiles:
+about half of a causal square, more under shared-prefix branches), which the model code
+records on the name scope of the kernel's mask constants (`splash_share`).
 
 Instructions are attributed to the stage whose `jax.named_scope` (`compile.ScopedStages`) is in
 their `op_name`, else to the stage of the loop, call or fusion that holds them, else `other`.
@@ -60,6 +61,7 @@ FLOATS = ("bf16", "f16", "f32")
 # and PV; dq recomputes QK^T, then dP and dQ; dkv recomputes QK^T, then dV, dP and dK.
 SPLASH = re.compile(r"splash_m[hq]a_(fwd|dq|dkv)")
 SPLASH_MATMULS = {"fwd": 2, "dq": 3, "dkv": 4}
+SPLASH_SHARE = re.compile(r'op_name="[^"]*splash_tiles_([\d.]+)')
 FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while",
         "conditional", "call", "after-all", "partition-id", "replica-id", "opt-barrier",
         "iota", "all-gather-done", "all-reduce-done", "collective-permute-done", "async-done",
@@ -197,8 +199,13 @@ def _attention_flops(ins: Instruction, operands: list[str], backward: bool) -> f
     return 2.0 * rows * pairs * ((3 * d + 2 * dv) if backward else (d + dv))
 
 
-def _custom_call_flops(ins: Instruction, operands: list[str]) -> float:
-    """FLOPs of a cuBLAS gemm or cuDNN fused attention; 0 for other custom calls."""
+def _custom_call_flops(ins: Instruction, operands: list[str], share: float) -> float:
+    """FLOPs of a cuBLAS gemm, cuDNN fused attention or a splash attention kernel (`share`:
+    the share of the score tiles it computes); 0 for other custom calls."""
+    kernel = SPLASH.match(ins.name)
+    if kernel:  # q [..., heads, T, D] and k [..., kv_heads, S, D], the first two float operands
+        q, k = [dims for t in operands for d, dims in _shapes(t)[:1] if d in FLOATS][:2]
+        return share * 2.0 * SPLASH_MATMULS[kernel.group(1)] * math.prod(q[:-1]) * k[-2] * q[-1]
     target = re.search(r'custom_call_target="([^"]*)"', ins.attributes)
     target = target.group(1) if target else ""
     if re.fullmatch(r"__cublas\$(gemm|lt\$matmul(\$f8)?)", target):
@@ -211,11 +218,12 @@ def _custom_call_flops(ins: Instruction, operands: list[str]) -> float:
     return 0.0
 
 
-def _flops(ins: Instruction, types: Mapping[str, str]) -> float:
-    """FLOPs of one instruction as XLA's cost analysis counts them."""
+def _flops(ins: Instruction, types: Mapping[str, str], share: float = 1.0) -> float:
+    """FLOPs of one instruction as XLA's cost analysis counts them (`share`: a splash
+    kernel's, `splash_share`)."""
     operands = [types.get(n, "") for n in _operand_names(ins)]
     if ins.opcode == "custom-call":
-        return _custom_call_flops(ins, operands)
+        return _custom_call_flops(ins, operands, share)
     if ins.opcode == "dot":
         lhs = _shapes(operands[0])[0][1]
         return 2.0 * elements(ins.shape) * math.prod(lhs[i] for i in _dims(ins.attributes,
@@ -226,11 +234,25 @@ def _flops(ins: Instruction, types: Mapping[str, str]) -> float:
         return float(elements(ins.shape))
     if ins.opcode in ("reduce", "reduce-window"):
         return float(elements(operands[0]))
-    kernel = SPLASH.match(ins.name) if ins.opcode == "custom-call" else None
-    if kernel:  # q [..., heads, T, D] and k [..., kv_heads, S, D], the first two float operands
-        q, k = [dims for t in operands for d, dims in _shapes(t)[:1] if d in FLOATS][:2]
-        return 2.0 * SPLASH_MATMULS[kernel.group(1)] * math.prod(q[:-1]) * k[-2] * q[-1]
     return 0.0
+
+
+def splash_share(ins: Instruction, instructions: Mapping[str, Instruction]) -> float:
+    """The share of score tiles a splash kernel computes, as `models.attention.splash`
+    recorded it on the name scope of the kernel's inputs (its mask's constants, reached
+    through copies); 1.0, the whole square, when none is found."""
+    todo, seen = _operand_names(ins), set()
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in instructions:
+            continue
+        seen.add(name)
+        found = SPLASH_SHARE.search(instructions[name].attributes)
+        if found:
+            return float(found.group(1))
+        if instructions[name].opcode in ("copy-done", "copy-start", "copy", "bitcast"):
+            todo += _operand_names(instructions[name])
+    return 1.0
 
 
 def _window_pairs(size: int, out: int, window: int, pad: int, stride: int, lhs_dilation: int,
@@ -413,9 +435,13 @@ def stage_costs(text: str, stages: Iterable[str] = (), trip_counts: bool = True
     def add(stage: str, cost: Cost) -> None:
         totals[stage] = totals.get(stage, Cost()) + cost
 
+    def flops(ins: Instruction) -> float:
+        kernel = ins.opcode == "custom-call" and SPLASH.match(ins.name)
+        return _flops(ins, types, splash_share(ins, instructions) if kernel else 1.0)
+
     def inner_flops(name: str) -> float:
-        return sum(_flops(i, types) + sum(inner_flops(c) for k, c in CALLS.findall(i.attributes)
-                                   if k == "calls")
+        return sum(flops(i) + sum(inner_flops(c) for k, c in CALLS.findall(i.attributes)
+                                  if k == "calls")
                    for i in computations.get(name, []))
 
     def walk(name: str, scale: float, inherited: str) -> None:
@@ -440,7 +466,7 @@ def stage_costs(text: str, stages: Iterable[str] = (), trip_counts: bool = True
                 for callee in names:  # a conditional's branches all counted: an upper bound
                     walk(callee, scale, stage)
             else:
-                add(stage, Cost(_flops(ins, types), _bytes(ins, types)).times(scale))
+                add(stage, Cost(flops(ins), _bytes(ins, types)).times(scale))
 
     walk(entry, 1.0, "other")
     return {**totals, "unknown_loops": Cost(float(unknown))}

@@ -13,6 +13,7 @@ On a platform other than TPU the kernel runs in Pallas' interpreter (the tests' 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 
 import jax
@@ -35,6 +36,11 @@ LANES = 128
 BLOCKS = (512, 256, 128)
 # Segment ids of the keys that no query may see (padding); real keys share their query's id.
 _HIDDEN = 1
+# The name scope each kernel call is traced under, with the share of (query block, key block)
+# tiles its static mask leaves to compute: HLO keeps no trace of the mask in the kernel's own
+# instruction, so `plan.hlo_cost` reads the share off the scope of the mask's constants and
+# counts the FLOPs the kernel does, not those of the whole square.
+DENSITY_SCOPE = "splash_tiles_"
 
 
 def block_size(length: int) -> int:
@@ -127,15 +133,29 @@ def _run(make_mask: Callable[[tuple[int, int]], mask_lib.Mask], q: jax.Array, k:
                               block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
                               block_q_dq=block, block_kv_dq=block)
     interpret = compile_platform() != "tpu"
+    scope = f"{DENSITY_SCOPE}{tile_share(make_mask((padded, padded)), block):.6f}"
 
     def rows(q, k, v, q_ids, kv_ids):
         heads = mask_lib.MultiHeadMask([make_mask((padded, padded))] * q.shape[1])
-        splash = kernel.make_splash_mha(heads, block_sizes=sizes, head_shards=1, q_seq_shards=1,
-                                        interpret=interpret)
-        return jax.vmap(splash)(q, k, v, segment_ids=kernel.SegmentIds(q_ids, kv_ids))
+        with jax.named_scope(scope):
+            splash = kernel.make_splash_mha(heads, block_sizes=sizes, head_shards=1,
+                                            q_seq_shards=1, interpret=interpret)
+            return jax.vmap(splash)(q, k, v, segment_ids=kernel.SegmentIds(q_ids, kv_ids))
 
     out = _sharded(rows, q, k, v, q_ids, kv_ids)
     return out[:, :, :n].transpose(0, 2, 1, 3)
+
+
+@functools.lru_cache(maxsize=64)
+def tile_share(mask: mask_lib.Mask, block: int) -> float:
+    """The share of `block` x `block` tiles of `mask` holding any position to attend: the
+    tiles the kernel computes (it skips the empty ones, and computes a partial one whole)."""
+    n = mask.shape[0]
+    touched = 0
+    for start in range(0, n, block):
+        rows = np.asarray(mask[start:start + block, 0:n]).reshape(-1, n // block, block)
+        touched += int(rows.any(axis=(0, 2)).sum())
+    return touched / (n // block) ** 2
 
 
 def _sharded(rows: Callable[..., jax.Array], q: jax.Array, k: jax.Array, v: jax.Array,
