@@ -92,8 +92,9 @@ def run(args: argparse.Namespace, overrides: Sequence[str]) -> int:
             devices = compile_check.local_devices_for(config, args.devices)
         else:
             devices = args.devices
+        platform = slice_devices[0].platform if slice_devices else None
         result = plan_memory(config, _device_memory(args), headroom=args.headroom,
-                             devices=devices)
+                             devices=devices, platform=platform)
         print(format_plan(result, args.config))
         if args.compile or slice_devices is not None:
             print(flush=True)

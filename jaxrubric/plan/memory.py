@@ -9,12 +9,16 @@ import math
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, NamedTuple
 
+import jax.numpy as jnp
 import ml_collections
 
 from jaxrubric import sharding as shd
 from jaxrubric.config import role_lora, round_config
 from jaxrubric.methods import core, get_method
 from jaxrubric.methods.core import RoundConfig, RoundDims, RoundShapes
+from jaxrubric.models import attention
+from jaxrubric.models.attention import cudnn
+from jaxrubric.models.config import ModelConfig
 from jaxrubric.plan.errors import PlanError
 from jaxrubric.plan.meshes import abstract_mesh, mesh_name, role_meshes, stage_key, stage_role
 from jaxrubric.plan.models import (RoleParams, load_tokenizer_offline, optimizer_bytes,
@@ -77,6 +81,28 @@ def moved_inputs(shapes: RoundShapes, dims: RoundDims, owners: Mapping[Role, Rol
     return moved
 
 
+class Decoding(NamedTuple):
+    """How a role's rollouts hold it on a mesh (`sharding.decoding_rules`): its per-device
+    dimensions, the ways its rows split, and the bytes per device of its weights' copy."""
+
+    local: Local
+    ways: int
+    weights: int
+
+
+def decoding(params: RoleParams, shape: Mapping[str, int], backend: str) -> Decoding:
+    """A role's decoding layout on a mesh of `shape`: tensor-parallel over `fsdp` x `tensor`
+    where its kv heads divide among those chips (rows over `data`), else whole weights on every
+    replica (rows over `data` x `fsdp`, heads over `tensor`); the weights cast to the compute
+    dtype."""
+    mesh = abstract_mesh(dict(shape))
+    rules = shd.decoding_rules(mesh, params.config.num_kv_heads)
+    split = shape["tensor"] * (shape["fsdp"] if rules is shd.TENSOR_PARALLEL_RULES else 1)
+    c = jnp.dtype(params.config.dtype).itemsize
+    return Decoding(Local.of(params, split, backend), shd.batch_ways(mesh, rules),
+                    params.count * c // split)
+
+
 class Stage(NamedTuple):
     """A phase of the round and the stage program it belongs to (`meshes.stage_key`)."""
 
@@ -86,12 +112,15 @@ class Stage(NamedTuple):
 
 
 def round_stages(rc: RoundConfig, shapes: RoundShapes, loc: Mapping[Role, Local],
-                 params: Mapping[Role, RoleParams], ways: int) -> list[Stage]:
+                 params: Mapping[Role, RoleParams], ways: int,
+                 decode: Mapping[Role, Decoding]) -> list[Stage]:
     """Every phase of the round in the order it runs, on a mesh that splits the batch `ways`
-    ways: the rollouts, the verifier passes, then the updates of the roles this run trains."""
+    ways: the rollouts (in each role's decoding layout), the verifier passes, then the
+    updates of the roles this run trains."""
     m = rc.rollout_micro_batches
     stages = [Stage(stage_key(s.role, 0), s.name, rollout_phase(
-        loc[s.role], s.prompts, s.samples, s.prompt_len, s.new_tokens, ways, m))
+        decode[s.role].local, s.prompts, s.samples, s.prompt_len, s.new_tokens,
+        decode[s.role].ways, m, decode[s.role].weights))
         for s in shapes.sampling]
     stages += [Stage(stage_key(Role.VERIFIER, 0), f"verifier: {v.name}", verifier_phase(
         loc[Role.VERIFIER], v.rows, v.prefix_len, v.branches, v.branch_len, ways, m))
@@ -129,7 +158,8 @@ def mesh_plan(config: ml_collections.ConfigDict, roles: Sequence[Role], shape: d
     `moved` to its program from other meshes, held while it runs), the peak."""
     ways = shd.batch_ways(abstract_mesh(shape))
     state = state_items(config, params, dims, ways, roles)
-    stages = [s for s in round_stages(round_config(config), shapes, loc, params, ways)
+    decode = {role: decoding(params[role], shape, loc[role].backend) for role in ROLES}
+    stages = [s for s in round_stages(round_config(config), shapes, loc, params, ways, decode)
               if stage_role(s.key) in roles]
     phases = {s.name: with_inputs(s.phase, moved.get(s.key, [])) for s in stages}
     state_total = sum(b for _, b in state)
@@ -142,8 +172,19 @@ def mesh_plan(config: ml_collections.ConfigDict, roles: Sequence[Role], shape: d
             "fits": total <= usable, "moved": {s.key: moved.get(s.key, []) for s in stages}}
 
 
+def attention_backend(model: ModelConfig, platform: str | None) -> str:
+    """The attention backend a role's model runs on `platform` (None: this machine's), as
+    the plan counts it: cuDNN only where it takes the model's dtype and head size."""
+    backend = attention.resolve_impl(model.attention_impl, platform)
+    if backend == "cudnn" and not (jnp.dtype(model.dtype).name in cudnn.DTYPES
+                                   and model.head_dim % 8 == 0
+                                   and model.head_dim <= cudnn.MAX_HEAD_DIM):
+        return "xla"
+    return backend
+
+
 def plan_memory(config: ml_collections.ConfigDict, device_memory: int, *, headroom: float = 0.1,
-                devices: int | None = None) -> dict[str, Any]:
+                devices: int | None = None, platform: str | None = None) -> dict[str, Any]:
     """The per-device memory plan of one round of `config` on `config.mesh`, or on
     `config.submeshes` (a -1 axis filled from `devices`).
 
@@ -154,7 +195,8 @@ def plan_memory(config: ml_collections.ConfigDict, device_memory: int, *, headro
     inputs it receives from other meshes (none here). On sub-meshes a chip holds only its
     roles' state and runs only their stages, so `meshes` has those keys per distinct mesh
     (with its `roles` and `name`); `total` is the largest peak and `fits` holds when every
-    mesh fits.
+    mesh fits. `platform` (`tpu`, `gpu`; None: this machine's) picks the attention backend the
+    estimate counts for `attention_impl=auto`.
     """
     if not 0 <= headroom < 1:
         raise PlanError(f"--headroom must be in [0, 1), got {headroom}")
@@ -183,7 +225,8 @@ def plan_memory(config: ml_collections.ConfigDict, device_memory: int, *, headro
         params[role] = role_params(*role_model_config(config[role], tokenizer, mesh, source, lora),
                                    mesh)
     dims, shapes = round_shapes(config, get_method(config.method), tokenizer)
-    loc = {role: Local.of(params[role], meshes[role][0]["tensor"]) for role in ROLES}
+    loc = {role: Local.of(params[role], meshes[role][0]["tensor"],
+                          attention_backend(params[role].config, platform)) for role in ROLES}
     usable = int(device_memory * (1 - headroom))
     owners = {role: owner for role, (_, owner) in meshes.items()}
     role_ways = {role: shd.batch_ways(abstract_mesh(shape)) for role, (shape, _) in meshes.items()}

@@ -70,15 +70,27 @@ class Local:
     c: int  # bytes of the compute dtype
     gathered_layer: int  # one layer's weights gathered over fsdp, compute dtype
     chunk: int  # the model's attention_chunk (0: dense attention)
+    # The attention backend the target runs (`models.attention`): "xla" (the einsum forms),
+    # "splash" (a fused kernel for causal and shared-prefix calls) or "cudnn" (fused for
+    # causal calls; shared-prefix branches stay on the einsum form).
+    backend: str = "xla"
 
     @classmethod
-    def of(cls, params: RoleParams, tensor: int) -> Local:
+    def of(cls, params: RoleParams, tensor: int, backend: str = "xla") -> Local:
         m = params.config
         split = lambda x: x // tensor if x % tensor == 0 else x  # noqa: E731
         c = jnp.dtype(m.dtype).itemsize
         return cls(m.num_layers, m.hidden_size, split(m.num_heads), split(m.num_kv_heads),
                    m.head_dim, split(m.intermediate_size), split(m.padded_vocab_size), c,
-                   params.layer_count // tensor * c, m.attention_chunk)
+                   params.layer_count // tensor * c, m.attention_chunk, backend)
+
+    def fused(self, r: int, t: int, s: int) -> int:
+        """A fused kernel's HBM temporaries (`models.attention.splash` / `cudnn`): scores stay
+        on chip, so what is held is the queries, keys and values as the kernel takes them
+        (padded, transposed: a copy of each), its output and the float32 log-sum-exp it keeps
+        for the backward pass."""
+        return (2 * r * (t * self.heads + 2 * s * self.kv_heads) * self.head_dim * self.c
+                + r * t * self.heads * (self.head_dim * self.c + 4))
 
     def act(self, r: int, t: int) -> int:
         return r * t * self.hidden * self.c
@@ -99,16 +111,19 @@ class Local:
                 + 2 * r * keys * self.kv_heads * self.head_dim * 4)
 
     def attention(self, r: int, t: int, s: int) -> int:
-        """One layer's attention temporaries: scores and probabilities of all queries, or of
-        one block of them with the blocks' copies."""
+        """One layer's attention temporaries: a fused kernel's (`fused`), else scores and
+        probabilities of all queries, or of one block of them with the blocks' copies."""
+        if self.backend != "xla":
+            return self.fused(r, t, s)
         if not self.chunked(t):
             return r * self.heads * t * s * (4 + self.c)
         return r * self.heads * self.chunk * s * (4 + self.c) + self.blocks(r, t, s)
 
     def attention_saved(self, r: int, t: int, s: int) -> int:
         """What the backward pass keeps of one layer's attention without remat: the
-        probabilities, or (chunked: each block's are recomputed) the blocks' copies."""
-        if not self.chunked(t):
+        probabilities, or (chunked: each block's are recomputed) the blocks' copies; a fused
+        kernel's inputs, output and log-sum-exp."""
+        if self.backend != "xla" or not self.chunked(t):
             return self.attention(r, t, s)
         return self.blocks(r, t, s)
 
@@ -128,7 +143,12 @@ class Local:
     def branch_attention(self, r: int, prefix: int, branches: int, length: int) -> int:
         """`attention.branch_attention`'s temporaries: the `length` queries of each of
         `branches` branches score the prefix's keys and their own; chunked, a block holds
-        `max(1, Q // branches)` positions of every branch, with the blocks' copies."""
+        `max(1, Q // branches)` positions of every branch, with the blocks' copies. Splash runs
+        the prefix and the branches as one kernel over their `prefix + branches x length`
+        positions."""
+        if self.backend == "splash":
+            t = prefix + branches * length
+            return self.fused(r, t, t)
         rows = self._branch_block(branches, length)
         scores = r * self.heads * branches * rows * (prefix + length) * (4 + self.c)
         return scores if rows == length else scores + self._branch_copies(
@@ -137,7 +157,7 @@ class Local:
     def branch_attention_saved(self, r: int, prefix: int, branches: int, length: int) -> int:
         """What the backward pass keeps of `branch_attention` without remat: the
         probabilities, or (chunked: each block's are recomputed) the blocks' copies."""
-        if self._branch_block(branches, length) == length:
+        if self.backend == "splash" or self._branch_block(branches, length) == length:
             return self.branch_attention(r, prefix, branches, length)
         return self._branch_copies(r, prefix, branches, length)
 
@@ -145,8 +165,9 @@ class Local:
         """Ws: one shared-prefix layer's forward at its largest moment. The prefix's attention
         and the branches' run one after the other, so it holds the larger of the two."""
         t = prefix + branches * length
-        attention = max(self.attention(r, prefix, prefix),
-                        self.branch_attention(r, prefix, branches, length))
+        attention = self.branch_attention(r, prefix, branches, length)
+        if self.backend != "splash":  # the prefix's attention runs first, on its own
+            attention = max(self.attention(r, prefix, prefix), attention)
         return 2 * self.act(r, t) + max(self.projections(r, t, t) + attention,
                                         self.mlp_bytes(r, t))
 
@@ -218,12 +239,14 @@ def _rows_text(rows: int, micro_batches: int, unit: str = "rows") -> str:
 
 
 def rollout_phase(loc: Local, prompt_rows: int, samples: int, prompt: int, new: int, ways: int,
-                  micro_batches: int = 1) -> Phase:
+                  micro_batches: int = 1, weights: int = 0) -> Phase:
     """`sampling.sample` inside the round: the prompts are prefilled into a cache of
     `prompt + new` slots, the cache is copied for each sample, then tokens are decoded one
     at a time. The prefill's layer working set is gone before the copy, so the peak is the
     prompts' cache plus the larger of the two (one sample: no copy, the cache is decoded
-    in place). Micro-batches do this for a share of the prompts at a time."""
+    in place). Micro-batches do this for a share of the prompts at a time. `loc` and `ways`
+    describe the decoding layout (`sharding.decoding_rules`), `weights` the copy of the
+    role's weights laid out for it, held through the stage."""
     micro_prompts = prompt_rows // micro_batches
     rp = rows_per_device(micro_prompts, ways)
     r = rows_per_device(micro_prompts * samples, ways)
@@ -237,14 +260,18 @@ def rollout_phase(loc: Local, prompt_rows: int, samples: int, prompt: int, new: 
              (step_label, step),
              (f"prefill: one layer over {_rows_text(prompt_rows, micro_batches, 'prompts')} "
               f"x {prompt} tokens", prefill)]
+    held, rule = (0, "") if not weights else (weights, "the decoding weights + ")
+    if weights:
+        items.insert(0, ("weights laid out for decoding (compute dtype)", weights))
     if samples == 1:
-        return Phase(items, cache + max(prefill, step), "the cache + the larger of the prefill "
-                                                        "and the decode step")
+        return Phase(items, held + cache + max(prefill, step),
+                     f"{rule}the cache + the larger of the prefill and the decode step")
     prompt_cache = loc.kv_cache(rp, length)
-    items.insert(2, (f"KV cache of the {_rows_text(prompt_rows, micro_batches, 'prompts')} "
-                     f"before the {samples}x copy", prompt_cache))
-    return Phase(items, prompt_cache + max(prefill, cache + step),
-                 "the prompts' cache + the larger of the prefill and the decode")
+    prompts = _rows_text(prompt_rows, micro_batches, "prompts")
+    items.insert(len(items) - 1, (f"KV cache of the {prompts} before the {samples}x copy",
+                                  prompt_cache))
+    return Phase(items, held + prompt_cache + max(prefill, cache + step),
+                 f"{rule}the prompts' cache + the larger of the prefill and the decode")
 
 
 def update_phase(loc: Local, params: RoleParams, rows: int, prompt_len: int,

@@ -26,13 +26,14 @@ __all__ = ["CausalPadding", "attention", "branch_attention", "chunked_attention"
 _BY_PLATFORM = {"tpu": "splash", "gpu": "cudnn"}
 
 
-def resolve_impl(impl: str) -> str:
-    """`impl`, or for `auto` the backend of the platform the traced program is compiled for:
-    the devices of the current activation layout's mesh when one is set (an ahead-of-time
-    TPU compile traced on a CPU host gets splash), else JAX's default backend."""
+def resolve_impl(impl: str, platform: str | None = None) -> str:
+    """`impl`, or for `auto` the backend of the platform the program is compiled for:
+    `platform` when given (`jaxrubric plan` for a slice), else the devices of the current
+    activation layout's mesh when one is set (an ahead-of-time TPU compile traced on a CPU
+    host gets splash), else JAX's default backend."""
     if impl != "auto":
         return impl
-    return _BY_PLATFORM.get(compile_platform(), "xla")
+    return _BY_PLATFORM.get(platform or compile_platform(), "xla")
 
 
 def self_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | CausalPadding,
