@@ -27,7 +27,8 @@ import numpy as np
 import pytest
 from xla_flags import as_a_user_runs
 
-from jaxrubric.toy import diagnostics, world
+from jaxrubric.toy import diagnostics
+from jaxrubric.toy.world_config import RUNS, ToyWorldConfig
 
 # With the old defaults' verifier (never shown a malformed item) and no generator KL, this short
 # world's generator learned junk items the verifier says yes to (33% in the language after 10
@@ -39,14 +40,14 @@ from jaxrubric.toy import diagnostics, world
 # (stop 41: 0.169 against the static run's 0.160, margin 0.047); at 750 and at 1000 it held by
 # 2.2 and 3.6, and 2.1 and 3.1 times its margin (stop 41's policy advantages, `group_std`;
 # with stop 42's `no_std`, at 750: 2.0 and 1.6). 750 saves about a minute of the suite.
-SHORT = world.ToyWorldConfig(rounds=10, generator_rounds=10, stale_rounds=10, eval_every=10,
+SHORT = ToyWorldConfig(rounds=10, generator_rounds=10, stale_rounds=10, eval_every=10,
                              eval_batch_size=128, policy_steps=250, generator_steps=750)
 NOTEBOOK = Path(__file__).parent.parent / "colab" / "quickstart.ipynb"
 
 
 def _short_overrides() -> dict:
     return {k: v for k, v in dataclasses.asdict(SHORT).items()
-            if v != getattr(world.ToyWorldConfig(), k)}
+            if v != getattr(ToyWorldConfig(), k)}
 
 
 @pytest.mark.slow
@@ -55,7 +56,7 @@ def test_toy_world_quality_rises_and_the_notebook_runs(tmp_path, monkeypatch,
     from shared_warm_starts import give_verifier
 
     workdir = tmp_path / "toy"
-    give_verifier(shared_warm_starts, workdir, SHORT)
+    give_verifier(shared_warm_starts, workdir, SHORT.verifier_settings())
     script = ("import json, sys\nfrom jaxrubric.toy.world import ToyWorldConfig, run_toy_world\n"
               "over = {k: tuple(v) if isinstance(v, list) else v\n"
               "        for k, v in json.loads(sys.argv[2]).items()}\n"
@@ -65,7 +66,7 @@ def test_toy_world_quality_rises_and_the_notebook_runs(tmp_path, monkeypatch,
     summary = json.loads((workdir / "summary.json").read_text())
     quality = summary["coevolve"]
     assert summary["rounds"] == [0, SHORT.rounds]
-    assert all(len(summary[run]) == 2 for run in world.RUNS)
+    assert all(len(summary[run]) == 2 for run in RUNS)
     # 128 held-out questions x 4 answers per evaluation (standard error 0.014, 0.02 for the
     # difference of two): this short run rose by 0.22 (0.470 -> 0.694, stop 42), about 7
     # standard errors above the 0.08 asked.
@@ -94,7 +95,7 @@ def test_toy_world_quality_rises_and_the_notebook_runs(tmp_path, monkeypatch,
     # standard error of 0 would mean both runs were scored on one policy.
     final = summary["final"]
     assert final["questions"] == SHORT.eval_batch_size and final["samples"] == SHORT.final_samples
-    for run in world.RUNS:
+    for run in RUNS:
         noise = np.hypot(final["quality_se"][run], summary["quality_se"][run][-1])
         assert abs(final["quality"][run] - summary[run][-1]) <= 4 * noise, (run, final)
     lead = final["leads"]["coevolve-static"]
@@ -134,7 +135,6 @@ def test_toy_world_quality_rises_and_the_notebook_runs(tmp_path, monkeypatch,
 
 def test_the_short_world_trains_the_genrubric_worlds_verifier():
     """So the suite trains one verifier for both toy-world tests (`shared_warm_starts.py`)."""
-    from jaxrubric.toy import genrubric_world as gw
+    from jaxrubric.toy.genrubric_config import GenRubricWorldConfig
 
-    assert world.verifier_settings(SHORT) == world.verifier_settings(
-        gw.GenRubricWorldConfig().verifier_world())
+    assert SHORT.verifier_settings() == GenRubricWorldConfig().verifier_settings()
