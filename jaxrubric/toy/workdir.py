@@ -18,6 +18,7 @@ from typing import Any
 import jax
 
 import jaxrubric
+from jaxrubric.toy import allocator
 from jaxrubric.toy import digits_task as task
 from jaxrubric.toy import stages as stages_lib
 from jaxrubric.train_loop import ConfigMismatchError
@@ -87,7 +88,9 @@ class StageTimer:
 
 def run_world(workdir: Path, graph: list[stages_lib.Stage], jobs: int) -> None:
     """Runs either world's stage graph (`toy/stages.py`), each stage's seconds and the whole
-    world's wall clock ("world") kept in `workdir/timings.json`."""
+    world's wall clock ("world") kept in `workdir/timings.json`; malloc keeps what XLA frees
+    in every process that runs a stage (`toy/allocator.py`)."""
+    allocator.keep_freed_memory()
     timings = StageTimer(workdir / "timings.json")
     start = time.perf_counter()
     stages_lib.run_stages(graph, timings, jobs, workdir / "logs")
