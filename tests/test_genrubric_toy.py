@@ -254,31 +254,28 @@ def test_train_method_genrubric_runs_the_genrubric_world(tmp_path, monkeypatch):
     assert calls == [(str(tmp_path), GenRubricWorldConfig(seed=3, rounds=7))]
 
 
-# The defaults evaluated at the start and the end only, on 64 held-out queries. Over nine
-# training draws of the defaults (seeds 0/1/2, each with its warm starts trained three ways
-# that differ only in rounding: README) the rise at round 40 on the first 64 of their 128
-# held-out queries was +0.110 to +0.225 and the lead over the shuffled-credit control
-# +0.140 to +0.296: the test asks about half the smallest of each. (This world holds those 64
-# rows, but samples their rubrics in one batch of 64, so its evaluation is another draw: here
-# seed 0 rose +0.161 and led by +0.268.) Runs are deterministic on one machine; another CPU's
-# rounding is another draw.
+# The defaults evaluated at the start and the end only, on half the held-out queries, from the
+# warm starts shipped with the package (this config's start settings are the defaults',
+# `toy/warm_starts.py`). Over the training draws of the defaults (warm starts trained in ways
+# that differ only in rounding: README) the rise and the lead over the shuffled-credit control
+# on those queries were never below about twice what the test asks
+# (docs/toy_worlds_measured.md). Runs are deterministic on one machine; another CPU's rounding
+# is another draw.
 SHORT = GenRubricWorldConfig(eval_every=40, eval_queries=64, bootstrap=1000)
 
 
 @pytest.mark.slow
 def test_the_world_raises_agreement_above_its_control_and_recomputes_the_logged_one(
-        tmp_path, shared_warm_starts):
+        tmp_path):
     import dataclasses
     import subprocess
     import sys
 
-    from shared_warm_starts import give_verifier
     from xla_flags import as_a_user_runs
 
     from jaxrubric.train_loop import read_eval_history
 
     workdir = tmp_path / "genrubric"
-    give_verifier(shared_warm_starts, workdir, SHORT.verifier_settings())
     over = {k: v for k, v in dataclasses.asdict(SHORT).items()
             if v != getattr(GenRubricWorldConfig(), k)}
     script = ("import json, sys\nfrom jaxrubric.toy import genrubric_world as gw\n"

@@ -104,6 +104,9 @@ def test_the_toy_worlds_graph(tmp_path):
     after = {s.name: s.after for s in graph}
     assert after["run: static"] == ("generator rounds: static",)
     assert after["run: coevolve"] == after["run: oracle"] == ("generator rounds",)
+    # The two runs that start first compile the two round programs, one each.
+    assert [s.name for s in graph if s.name.startswith("run: ")][:2] == [
+        "run: coevolve", "run: static"]
     # The stale evaluator: the generator's own rounds continued before the frozen run starts.
     assert after["run: frozen"] == ("generator rounds: stale",)
     assert after["generator rounds: stale"] == ("generator rounds",)

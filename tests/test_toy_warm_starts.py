@@ -122,3 +122,25 @@ def test_the_shipped_starts_are_the_defaults(method, tmp_path):
             if s.name.startswith("warm start: ")}
     assert made <= roles
     assert sum((source / name).stat().st_size for name in manifest["files"]) < 5e6
+
+
+def test_every_warm_start_trains_and_saves_its_role(tmp_path):
+    """The DynamicRubric world's warm starts and the verifier both worlds use, two tiny steps
+    each: the path the world takes without shipped starts (`--from-scratch`)."""
+    import jax
+    import numpy as np
+
+    from jaxrubric import sharding as shd
+    from jaxrubric.toy import world_warm_starts
+
+    cfg = ToyWorldConfig(verifier_steps=2, policy_steps=2, generator_steps=2, sft_batch=4,
+                         verifier_items=2, hidden_size=16, num_layers=1,
+                         verifier_hidden_size=16, verifier_layers=1)
+    workdir, tokenizer = prepare_workdir(tmp_path, cfg)
+    mesh = shd.make_mesh({"fsdp": 1}, devices=jax.devices()[:1])
+    for role in world_warm_starts.ROLES:
+        out = world_warm_starts.warm_start(role, workdir, tokenizer, mesh, cfg)
+        assert out == workdir / "models" / role
+        history = json.loads((out / "sft_history.json").read_text())
+        assert history[-1]["step"] == 2 and np.isfinite(history[-1]["loss"]), (role, history)
+        assert jaxrubric.load_pretrained(out).config.hidden_size == 16

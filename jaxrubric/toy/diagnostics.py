@@ -348,11 +348,9 @@ def generator_aim(workdir: str | Path, generator: str | Path = "models/generator
     fresh questions, each shown K answers with a digit or more they differ on (the cold
     start's teacher answers, `digits_task.policy_warm_start_answer` with "flips"): does it
     write items about what its shown answers differ on, the only items that can tell them
-    apart? Its SFT teacher puts those first; stop 38 found the 180-step cold start at chance
-    (0.38 of its in-language items contested against 0.57) and half out of the language.
-    `stray`: that share of the shown answers hold a stray letter (`names_the_letter`; stop 40's
-    cold start, with letters its template also writes, named the one shown in 13% of its
-    rubrics, seed 0)."""
+    apart? Its SFT teacher puts those first; a cold start trained too short aims at chance
+    (`contested` no higher than `chance`) and writes much out of the language. `stray`: that
+    share of the shown answers hold a stray letter (`names_the_letter`)."""
     workdir = Path(workdir)
     cfg = json.loads((workdir / "toy_config.json").read_text())
     rng = random.Random(seed)
