@@ -331,7 +331,8 @@ def test_only_the_compared_runs_evaluate_on_the_held_out_set(tmp_path):
     cfg = ToyWorldConfig()
     paths = world_runs.write_data(tmp_path, cfg)
     for name in ("generator", "generator_static"):
-        c = world_runs.run_config(name, tmp_path, paths, cfg, tmp_path / "models" / "generator_cold")
+        c = world_runs.run_config(name, tmp_path, paths, cfg,
+                                  tmp_path / "models" / "generator_cold")
         assert (c.data.eval, c.eval_every, c.rounds) == ("", 0, cfg.generator_rounds)
         assert c.round.freeze_policy
     for name in RUNS:

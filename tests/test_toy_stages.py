@@ -160,8 +160,8 @@ def test_from_scratch_is_the_toy_worlds_only(tmp_path):
     from jaxrubric.cli import main
 
     with pytest.raises(SystemExit, match="--from-scratch is the toy world's"):
-        main(["train", "--from-scratch", "--config", str(ROOT / "configs" / "tiny_dynamic_rubric.py"),
-              "--workdir", str(tmp_path)])
+        main(["train", "--from-scratch", "--config",
+              str(ROOT / "configs" / "tiny_dynamic_rubric.py"), "--workdir", str(tmp_path)])
 
 
 def test_the_genrubric_worlds_graph(tmp_path):

@@ -30,7 +30,8 @@ def read_scores(run_dir: Path) -> dict[int, list[dict[str, Any]]]:
     for line in (run_dir / EVAL_SCORES).read_text().splitlines():
         row = json.loads(line)
         rows[row["round"]][row["id"]] = row
-    return {r: sorted(by_id.values(), key=lambda row: row["row"]) for r, by_id in sorted(rows.items())}
+    return {r: sorted(by_id.values(), key=lambda row: row["row"])
+            for r, by_id in sorted(rows.items())}
 
 
 def per_query_agreement(rows: list[dict[str, Any]], runs: int, responses: dict[str, list[str]]
