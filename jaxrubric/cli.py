@@ -151,14 +151,14 @@ TOY_WORLDS = {
     "dynamic_rubric": ("jaxrubric.toy.world", "ToyWorldConfig", "run_toy_world", "toy_world",
                        2),
     "genrubric": ("jaxrubric.toy.genrubric_world", "GenRubricWorldConfig",
-                  "run_genrubric_world", "toy_genrubric", 1),
+                  "run_genrubric_world", "toy_genrubric", 2),
 }
 
 
 def default_toy_jobs(method: str) -> int:
-    """Worker processes of a toy world without `--jobs`: where there are two cores, two for a
-    world whose independent stages can overlap (one stage's compile runs on one core while
-    the other stage computes; the results are the same), one otherwise."""
+    """Worker processes of a toy world without `--jobs`: two where there are two cores, for
+    each world's compared runs are independent stages (one stage's compile runs on one core
+    while the other stage computes; the results are the same)."""
     return min(TOY_WORLDS[method][4], os.cpu_count() or 1)
 
 
@@ -250,9 +250,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="toy world only: rounds of each compared run (0: the default)")
     train.add_argument("--jobs", type=int, default=0,
                        help="toy world only: run its independent stages side by side in this "
-                            "many processes (default: 2 for DynamicRubric's where there are 2 "
-                            "cores, else one after another in this process). The results are "
-                            "the same")
+                            "many processes (default: 2 where there are 2 cores, else one after "
+                            "another in this process). The results are the same")
     train.add_argument("--from-scratch", action="store_true",
                        help="toy world only: train the warm starts (and the stages before the "
                             "compared runs) here instead of using the ones shipped with the "

@@ -12,6 +12,7 @@ from typing import Any
 from jaxrubric.toy.verifier_sft import VerifierSettings
 
 RUNS = ("evolving", "control")
+VERIFIER = VerifierSettings()  # the verifier's defaults, one for both worlds
 # What the warm starts (and the answerer's rubric-following check) read: a config keeps only
 # these for them (`starts_only`), so starts made for one config serve every config that
 # agrees on these.
@@ -50,8 +51,9 @@ class GenRubricWorldConfig:
     # only); from here it has room to rise. Before the temperature, KL and 12 groups below,
     # this share drifted away from sound items.
     teacher_informed: float = 0.5
-    verifier_steps: int = 450  # the DynamicRubric world's (one verifier for both)
-    verifier_malformed: float = 0.25  # share of malformed criteria in the verifier's data
+    # The verifier's warm start: the DynamicRubric world's (`VerifierSettings` says why).
+    verifier_steps: int = VERIFIER.verifier_steps
+    verifier_malformed: float = VERIFIER.verifier_malformed
     # The answerer trains in stages of `answerer_steps` (each a warm-up and cosine decay of
     # `answerer_lr`) until it follows at least `answerer_follows` of the digits a fresh rubric
     # names (`follows`), at most `answerer_stages` of them: the world's signal is only

@@ -24,14 +24,25 @@ from jaxrubric.toy.tokens import template_ids, text_ids
 
 @dataclasses.dataclass(frozen=True)
 class VerifierSettings:
-    """What the verifier's warm start reads of a world's config (the DynamicRubric world's
-    defaults; `ToyWorldConfig` documents each)."""
+    """What the verifier's warm start reads of a world's config; the `verifier_*` defaults
+    are both worlds'."""
 
     seed: int = 0
-    max_item_tokens: int = 7
+    max_item_tokens: int = 7  # the longest item the grammar lets a generator write
+    # Long enough that a verifier trained with stray letters judges the items about them as
+    # reliably as the digits' (`diagnostics.verifier_accuracy`); shorter, it did not.
     verifier_steps: int = 450
-    verifier_items: int = 12
+    verifier_items: int = 12  # labelled criteria per (question, answer) in one tree forward
+    # Share of those criteria outside the language (`digits_task.malformed_criterion`,
+    # labelled "no" as the checker labels them). A verifier that never saw one judges the
+    # generator's malformed items arbitrarily, and the generator may learn to write nothing
+    # else (one wrote only "] ] ] ]", read as "the answer is short"); with them its items stay
+    # mostly in the language.
     verifier_malformed: float = 0.25
+    # Share of the verifier's training answers with a stray letter (`digits_task.
+    # with_stray_letter`), and of its valid criteria about a letter (`stray_criterion`): so it
+    # judges "omits x" as it judges the digits' items (a smaller share left it near chance on
+    # them).
     verifier_stray: float = 0.5
     verifier_hidden_size: int = 64
     verifier_layers: int = 3

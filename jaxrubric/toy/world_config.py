@@ -27,6 +27,7 @@ STATIC_RUNS = ("static",)
 # Settings the stages before the compared runs (warm starts, the generators' own rounds, the
 # stale evaluator) do not read: starts made for one value serve every other.
 RUN_ONLY_SETTINGS = ("runs", "final_samples", "rounds")
+VERIFIER = VerifierSettings()  # the verifier's defaults, one for both worlds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,21 +73,11 @@ class ToyWorldConfig:
     # sound sign. At 1 the cold start reads its answers both ways: "has <big digit>" where one
     # of them drops it, "omits <small digit>" where one keeps it.
     teacher_focus_informed: float = 1.0
-    # Long enough that a verifier trained with stray letters judges the items about them as
-    # reliably as the digits' (`diagnostics.verifier_accuracy`); shorter, it did not.
-    verifier_steps: int = 450
-    verifier_items: int = 12  # labelled criteria per (question, answer) in one tree forward
-    # Share of those criteria outside the language (`digits_task.malformed_criterion`,
-    # labelled "no" as the checker labels them). A verifier that never saw one judges the
-    # generator's malformed items arbitrarily, and the generator may learn to write nothing
-    # else (one wrote only "] ] ] ]", read as "the answer is short"); with them its items stay
-    # mostly in the language.
-    verifier_malformed: float = 0.25
-    # Share of the verifier's training answers with a stray letter (`digits_task.
-    # with_stray_letter`), and of its valid criteria about a letter (`stray_criterion`): so it
-    # judges "omits x" as it judges the digits' items (a smaller share left it near chance on
-    # them).
-    verifier_stray: float = 0.5
+    # The verifier's warm start (`VerifierSettings` says why each value).
+    verifier_steps: int = VERIFIER.verifier_steps
+    verifier_items: int = VERIFIER.verifier_items
+    verifier_malformed: float = VERIFIER.verifier_malformed
+    verifier_stray: float = VERIFIER.verifier_stray
     # The policy's warm start: long enough that it writes answers in the task's format. A
     # shorter one (its loss still falling) wrote most answers out of order or with a character
     # that is not a digit (`diagnostics.mistake_profile`), a mistake no `has`/`omits` item can
@@ -168,8 +159,8 @@ class ToyWorldConfig:
     item_credit: float = 0.0
     hidden_size: int = 64
     num_layers: int = 2
-    verifier_hidden_size: int = 64
-    verifier_layers: int = 3
+    verifier_hidden_size: int = VERIFIER.verifier_hidden_size
+    verifier_layers: int = VERIFIER.verifier_layers
     runs: tuple[str, ...] = RUNS
 
     def __post_init__(self) -> None:
