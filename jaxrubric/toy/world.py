@@ -65,7 +65,7 @@ from jaxrubric.toy.world_config import STATIC_RUNS, ToyWorldConfig
 from jaxrubric.toy.world_report import final_evaluation, summarize
 from jaxrubric.toy.world_runs import (run_generator, stale_generator, train_run,
                                       trained_generator, write_data)
-from jaxrubric.toy.world_warm_starts import warm_start
+from jaxrubric.toy.world_warm_starts import ROLES, warm_start
 
 METHOD = "dynamic_rubric"
 # What the stages before the compared runs write in the workdir (`start_stages`).
@@ -97,9 +97,8 @@ def start_stages(workdir: Path, cfg: ToyWorldConfig) -> list[stages_lib.Stage]:
     the verifier), the stale evaluator's further rounds."""
     Stage = stages_lib.Stage
     static = any(name in STATIC_RUNS for name in cfg.runs)
-    colds = ("generator_cold", *(("generator_cold_static",) if static else ()))
     graph = [Stage(f"warm start: {role}", _warm_start_stage, (workdir, cfg, role))
-             for role in ("verifier", "policy", *colds)]
+             for role in ROLES if static or not role.endswith("_static")]
     judged = ("warm start: verifier", "warm start: policy")
     graph.append(Stage("generator rounds", _generator_stage, (workdir, cfg, False),
                        (*judged, "warm start: generator_cold")))
