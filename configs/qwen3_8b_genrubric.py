@@ -1,7 +1,8 @@
 """GenRubric recipe on Qwen3-8B (policy, rubric generator and verifier).
 
-G = 4 signed rubric groups per query, beta = 0.01, AdamW lr 1e-6 (policy) / 5e-6
-(generator); the settings live in `jaxrubric.config.paper_recipe`.
+G = 4 signed rubric groups per query, beta = 0.01, AdamW lr 1e-6 (policy) / 5e-6 (generator);
+the settings live in `jaxrubric.config.paper_recipe`, sized for the slice named after a colon
+(`jaxrubric.recipes.SLICES`; default v5p-8).
 
 SFT, then RL, as the paper trains the generator. First a supervised cold start of the
 generator (`jaxrubric sft`) on rubrics: `{prompt, completion}` rows whose completion is a
@@ -21,12 +22,13 @@ reads the prompts), by hub name or a local JSONL/parquet copy:
 """
 
 from jaxrubric.config import paper_recipe
+from jaxrubric.recipes import DEFAULT_SLICE, sized_for
 
 
-def get_config():
+def get_config(slice_name: str = DEFAULT_SLICE):
     config = paper_recipe("Qwen/Qwen3-8B", chat_template_kwargs={"enable_thinking": False},
                           method="genrubric")
     # The generator self-evolves against a fixed answering policy and judge (the paper's
     # setting); --config.round.freeze_policy=false trains the answerer too.
     config.round.freeze_policy = True
-    return config
+    return sized_for(config, slice_name)

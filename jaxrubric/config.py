@@ -219,15 +219,18 @@ def one_chip_recipe(checkpoint: str, method: str = "dynamic_rubric", *,
 
 
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
-    """Loads `get_config()` from a Python file, or a training workdir's saved `config.json`,
-    applies `a.b=value` overrides, resolves paths, checks."""
-    path = Path(path)
+    """Loads `get_config()` from a Python file (`FILE.py:ARG`: `get_config("ARG")`, e.g. a
+    recipe sized for a slice, `jaxrubric.recipes`), or a training workdir's saved
+    `config.json`, applies `a.b=value` overrides, resolves paths, checks."""
+    path, argument = split_config_argument(path)
     if not path.is_file():
         raise ConfigFileError(f"config file {path} does not exist")
     if path.suffix == ".json":
+        if argument is not None:
+            raise ConfigFileError(f"{path}: a saved config takes no ':{argument}'")
         config = _saved_config(json.loads(path.read_text()))
     else:
-        config = _run_config_file(path)
+        config = _run_config_file(path, argument)
     for override in overrides:
         apply_override(config, override)
     base, leaves = path.parent.resolve(), dict(_leaves(config))
@@ -260,18 +263,29 @@ def _saved_config(data: dict[str, Any]) -> ml_collections.ConfigDict:
     return config
 
 
-def _run_config_file(path: Path) -> ml_collections.ConfigDict:
-    """`get_config()` of a Python config file; a value of the wrong type assigned there fails
-    as a ConfigFileError (ConfigDicts are type-safe), like any other bad value."""
+def split_config_argument(path: str | Path) -> tuple[Path, str | None]:
+    """`FILE.py:ARG` -> (FILE.py, ARG); a path without one -> (path, None)."""
+    text = str(path)
+    head, sep, tail = text.rpartition(":")
+    if sep and head.endswith((".py", ".json")) and "/" not in tail:
+        return Path(head), tail
+    return Path(text), None
+
+
+def _run_config_file(path: Path, argument: str | None = None) -> ml_collections.ConfigDict:
+    """`get_config()` (or `get_config(argument)`) of a Python config file; a value of the
+    wrong type assigned there fails as a ConfigFileError (ConfigDicts are type-safe), like any
+    other bad value, and so does an argument the file does not take."""
     spec = importlib.util.spec_from_file_location(f"jaxrubric_config_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     if not hasattr(module, "get_config"):
         raise ConfigFileError(f"{path} has no get_config()")
     try:
-        return module.get_config()
-    except TypeError as err:
-        raise ConfigFileError(f"{path}: get_config(): {err}") from err
+        return module.get_config() if argument is None else module.get_config(argument)
+    except (TypeError, ValueError) as err:
+        raise ConfigFileError(f"{path}: get_config({'' if argument is None else repr(argument)})"
+                              f": {err}") from err
 
 
 def apply_override(config: ml_collections.ConfigDict, override: str) -> None:

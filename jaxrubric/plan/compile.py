@@ -356,6 +356,8 @@ def format_comparison(plan: dict[str, Any], compiled: dict[str, Any]) -> str:
         row("generated code", compiled["generated_code"], None),
         row("arguments + temporaries + new outputs", compiled["bound"], None),
         row("peak (the compiler's)", compiled["peak"], plan["total"]),
+        row("  above the arguments (plan: the largest phase)",
+            compiled["peak"] - compiled["argument"], temp),
         f"that peak against {plan['usable'] / GIB:.2f} GiB usable -> "
         f"{verdict(compiled['peak'], plan['usable'])}",
     ])

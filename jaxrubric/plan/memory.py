@@ -134,20 +134,22 @@ def round_stages(rc: RoundConfig, shapes: RoundShapes, loc: Mapping[Role, Local]
 
 
 def uneven_micro_batches(rc: RoundConfig, shapes: RoundShapes, dims: RoundDims, ways: int,
-                         roles: Collection[Role] = ROLES) -> list[str]:
+                         roles: Collection[Role] = ROLES,
+                         rollout_ways: int | None = None) -> list[str]:
     """Notes for micro-batches whose rows do not split evenly over the chips holding the
-    batch (on a mesh of `roles`): the plan counts the rows of the busiest chip, and the others
-    repeat or idle."""
-    stages = {"rollout": (dims.batch, "prompts", rc.rollout_micro_batches),
+    batch (on a mesh of `roles`; a rollout's rows split `rollout_ways` ways, its decoding
+    layout's): the plan counts the rows of the busiest chip, and the others repeat or idle."""
+    stages = {"rollout": (dims.batch, "prompts", rc.rollout_micro_batches,
+                          ways if rollout_ways is None else rollout_ways),
               **{f"{u.role} update": (u.micro_batch_units(rc),
                                       "prompts" if u.shared(rc) else "rows",
-                                      rc.update_micro_batches)
+                                      rc.update_micro_batches, ways)
                  for u in shapes.updates if u.role in roles}}
     notes = []
-    for stage, (rows, unit, n) in stages.items():
-        if (rows // n) % ways:
+    for stage, (rows, unit, n, split) in stages.items():
+        if (rows // n) % split:
             notes.append(f"{stage} micro-batches of {rows // n} {unit} do not split evenly over "
-                         f"the {ways} chips holding the batch (fewer micro-batches would)")
+                         f"the {split} chips holding the batch (fewer micro-batches would)")
     return notes
 
 
@@ -236,8 +238,11 @@ def plan_memory(config: ml_collections.ConfigDict, device_memory: int, *, headro
         section = mesh_plan(config, roles, meshes[owner][0], params, loc, dims, shapes, moved,
                             usable)
         prefix = "" if colocated else f"{mesh_name(roles)} mesh: "
+        sampling = [s.role for s in shapes.sampling if s.role in roles]
+        rollout_ways = max((decoding(params[r], meshes[owner][0], loc[r].backend).ways
+                            for r in sampling), default=None)
         notes += [prefix + note for note in uneven_micro_batches(
-            rc, shapes, dims, section["batch_ways"], roles)]
+            rc, shapes, dims, section["batch_ways"], roles, rollout_ways)]
         sections.append((roles, section))
     plan = {
         "method": config.method,
