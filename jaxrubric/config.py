@@ -22,9 +22,9 @@ from typing import Any
 import ml_collections
 
 from jaxrubric.methods import get_method
-from jaxrubric.methods.core import OPTIONS, RoundConfig
+from jaxrubric.methods.round_config import OPTIONS, RoundConfig
 from jaxrubric.models.config import (ATTENTION_IMPLS, LORA_TARGETS, REMAT_POLICIES, ConfigError,
-                                      DTypeLike, LoraConfig, did_you_mean, dtype_name)
+                                     DTypeLike, LoraConfig, did_you_mean, dtype_name)
 from jaxrubric.placement import resolve_submeshes
 from jaxrubric.roles import ROLES, TRAINED
 from jaxrubric.rubric.templates import STYLES

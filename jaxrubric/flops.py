@@ -43,7 +43,8 @@ from jaxrubric.models.config import ModelConfig
 from jaxrubric.roles import Role
 
 if TYPE_CHECKING:  # types only: FLOPs read a method's shapes, they never import a method
-    from jaxrubric.methods.core import RoundConfig, RoundShapes
+    from jaxrubric.methods.round_config import RoundConfig
+    from jaxrubric.methods.shapes import RoundShapes
 
 
 def forward_flops(cfg: ModelConfig, *, tokens: float, attention_pairs: float,

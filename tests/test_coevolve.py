@@ -2,18 +2,21 @@
 
 import dataclasses
 
+import helpers
 import jax
 import jax.numpy as jnp
 import numpy as np
-import helpers
 import pytest
 from helpers import changed_roles, round_case, trained_params
 from jax.sharding import NamedSharding, PartitionSpec
 
 import jaxrubric
 from jaxrubric import placement
-from jaxrubric.methods import DYNAMIC_RUBRIC, core, dynamic_rubric
-from jaxrubric.methods.core import RoundConfig, RoundResult, RoundState
+from jaxrubric.methods import DYNAMIC_RUBRIC, dynamic_rubric
+from jaxrubric.methods.data import RoundResult, RoundState
+from jaxrubric.methods.programs import round_program
+from jaxrubric.methods.round_config import RoundConfig
+from jaxrubric.methods.shapes import RoundDims, check_micro_batches
 from jaxrubric.roles import TRAINED, Role
 
 
@@ -195,13 +198,13 @@ def test_runtime_switches_run_every_variant_in_one_program_as_its_own_round():
     texts = set()
     for name in runs:
         case, frozen = switched(name)
-        program = core.round_program(case.setup, DYNAMIC_RUBRIC.round,
+        program = round_program(case.setup, DYNAMIC_RUBRIC.round,
                                      jax.tree.map(lambda x: x.sharding, case.state))
         texts.add(program.lower(case.state, frozen, case.batch, jax.random.key(0)).as_text())
     assert len(texts) == 1
 
     case, _ = switched("coevolve")
-    program = core.round_program(case.setup, DYNAMIC_RUBRIC.round,
+    program = round_program(case.setup, DYNAMIC_RUBRIC.round,
                                  jax.tree.map(lambda x: x.sharding, case.state))
     for name, flags in runs.items():
         state, frozen = switched(name)[0].state, switched(name)[1]
@@ -239,7 +242,7 @@ def test_evaluation_micro_batches_give_the_same_metrics():
         RoundConfig(eval_micro_batches=-1)
     with pytest.raises(ValueError, match=r"eval_micro_batches=2 must divide the held-out "
                                          r"prompts \(data.eval_batch_size\), 3"):
-        core.check_micro_batches(config, DYNAMIC_RUBRIC.round_shapes(config, core.RoundDims(
+        check_micro_batches(config, DYNAMIC_RUBRIC.round_shapes(config, RoundDims(
             batch=2, question=16, policy_prompt=32, anchors=3, anchor_len=2, rubric=40, items=3,
             item_tokens=6, generator_constant=20, verifier_head=10, readout_suffix=3)),
             eval_prompts=3)

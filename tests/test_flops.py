@@ -12,8 +12,11 @@ from helpers import TINY_TOKENIZER, abstract_models, build_setup, tiny_model_con
 import jaxrubric
 from jaxrubric import flops
 from jaxrubric import mfu as mfu_lib
-from jaxrubric.methods import DYNAMIC_RUBRIC, GENRUBRIC, core, update
-from jaxrubric.methods.core import RoundConfig, RoundDims, Sampling, Update, Verification
+from jaxrubric.methods import DYNAMIC_RUBRIC, GENRUBRIC, update
+from jaxrubric.methods.batches import encode_batch
+from jaxrubric.methods.round_config import RoundConfig
+from jaxrubric.methods.shapes import (RoundDims, Sampling, Update, Verification, anchor_row_bytes,
+                                      batch_row_bytes, question_row_bytes, round_dims)
 from jaxrubric.roles import ROLES, Role
 from jaxrubric.rubric import dense_tree
 from jaxrubric.rubric import grammar as grammar_lib
@@ -175,7 +178,7 @@ def test_round_shapes_are_the_shapes_the_round_builds():
     K, G, Lr = 4, 2, 12
     batch_shapes = {"question": (B, Lq), "policy": (B, Lp), "anchors": (B, n, La)}
     setup, cfg, tok = _setup("dynamic_rubric", config)
-    dims = core.round_dims(setup, batch_shapes)
+    dims = round_dims(setup, batch_shapes)
     shapes = DYNAMIC_RUBRIC.round_shapes(config, dims)
     models = dict.fromkeys(ROLES, cfg)
     assert flops.round_flops(models, config, shapes) == pytest.approx(
@@ -212,19 +215,19 @@ def test_round_shapes_are_the_shapes_the_round_builds():
                               Update(Role.POLICY, B * K, Lp, Lr, K))
 
     # The bytes a stage reads per prompt: the batch's rows as `encode_batch` builds them.
-    host = core.encode_batch(tok, ["Sort 3 1 2.", "Reverse cat."], [["1 2 3"], ["tac"]],
+    host = encode_batch(tok, ["Sort 3 1 2.", "Reverse cat."], [["1 2 3"], ["tac"]],
                              prompt_tokens=Lq, policy_tokens=Lp, anchor_tokens=La,
                              num_anchors=n)
     row_bytes = lambda tree: sum(x.nbytes for x in jax.tree.leaves(tree)) // B  # noqa: E731
-    assert core.question_row_bytes(dims) == row_bytes(host.question)
-    assert core.anchor_row_bytes(dims) == row_bytes(host.anchors)
-    assert core.batch_row_bytes(dims) == row_bytes(host)
+    assert question_row_bytes(dims) == row_bytes(host.question)
+    assert anchor_row_bytes(dims) == row_bytes(host.anchors)
+    assert batch_row_bytes(dims) == row_bytes(host)
     stages = {"policy rollout", "generator rollout", "verifier", "generator update",
               "policy update"}
     assert set(shapes.reads) == stages
 
     gr_setup, _, _ = _setup("genrubric", config)
-    gr_shapes = GENRUBRIC.round_shapes(config, core.round_dims(gr_setup, batch_shapes))
+    gr_shapes = GENRUBRIC.round_shapes(config, round_dims(gr_setup, batch_shapes))
     # Signed weights ("-5") make GenRubric's longest rubric longer than DynamicRubric's.
     gr_rubric = gr_setup.grammar.max_rubric_tokens
     assert gr_rubric > rubric

@@ -12,7 +12,10 @@ import optax
 from flax import nnx
 
 import jaxrubric
-from jaxrubric.methods import core, update
+from jaxrubric.methods import update
+from jaxrubric.methods.data import RoleState
+from jaxrubric.methods.round_config import RoundConfig
+from jaxrubric.methods.setup import RoleSpec
 from jaxrubric.rl import grpo
 
 
@@ -72,11 +75,11 @@ def test_the_role_update_weighs_the_forward_kl_of_the_full_distributions():
     model, (prompt, prompt_mask, completion, mask) = _role_case()
     graph, params = nnx.graphdef(model), nnx.state(model, nnx.Param)
     ref = jax.tree.map(lambda x: x * 1.05, params)
-    cfg = core.RoundConfig(num_updates=1, logprob_chunk=4)
-    spec = core.RoleSpec(graph, optax.sgd(0.0), beta=0.2, compiled_out=False, kl="forward")
+    cfg = RoundConfig(num_updates=1, logprob_chunk=4)
+    spec = RoleSpec(graph, optax.sgd(0.0), beta=0.2, compiled_out=False, kl="forward")
     sampler = update.completion_logprobs(model, prompt, prompt_mask, completion, 4)
     _, metrics = update.grpo_role_update(
-        cfg, spec, core.RoleState(params, spec.optimizer.init(params)), None, ref, prompt,
+        cfg, spec, RoleState(params, spec.optimizer.init(params)), None, ref, prompt,
         prompt_mask, completion, mask, sampler, jnp.zeros(4), jax.random.key(0))
 
     width = prompt.shape[1]

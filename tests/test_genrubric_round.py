@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 from helpers import changed_roles, round_case, tiny_tokenizer, trained_params
 
-from jaxrubric.methods import GENRUBRIC, core
+from jaxrubric.methods import GENRUBRIC
 from jaxrubric.methods import genrubric as gr_method
-from jaxrubric.methods.core import RoundConfig, RoundResult
+from jaxrubric.methods.data import RoundResult, role_weights
+from jaxrubric.methods.round_config import RoundConfig
 from jaxrubric.rewards.genrubric import group_validity
 from jaxrubric.roles import TRAINED, Role
 from jaxrubric.rubric import grammar as grammar_lib
@@ -177,8 +178,8 @@ def test_common_noise_makes_one_querys_identical_rubrics_induce_one_response(
     config = RoundConfig(num_rubrics=3, response_tokens=10, policy_temperature=1.0,
                          induce_common_noise=common, induced_responses=per_group)
     case = round_case(GENRUBRIC, config, round_mesh, anchors=[["1 2 3"], ["tac"]])
-    policy = core.role_weights(case.state, case.frozen, Role.POLICY)
-    generator = core.role_weights(case.state, case.frozen, Role.GENERATOR)
+    policy = role_weights(case.state, case.frozen, Role.POLICY)
+    generator = role_weights(case.state, case.frozen, Role.GENERATOR)
 
     @jax.jit
     def induce(generator, policy, question, rng):

@@ -27,7 +27,7 @@ from xla_flags import THREADS, with_devices
 import jaxrubric
 from jaxrubric import sharding as shd
 from jaxrubric.methods import DYNAMIC_RUBRIC
-from jaxrubric.methods.core import RoundConfig
+from jaxrubric.methods.round_config import RoundConfig
 from jaxrubric.roles import ROLES, Role
 
 MESHES = {"data": (8, 1, 1), "data_fsdp": (2, 4, 1), "fsdp_tensor": (1, 2, 4)}

@@ -17,9 +17,10 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jaxrubric import placement
 from jaxrubric import sharding as shd
 from jaxrubric.config import ConfigFileError, load_config
-from jaxrubric.methods.core import RoundResult
+from jaxrubric.methods.data import RoundResult
 from jaxrubric.roles import Role
 from jaxrubric.train import CoevolveTask
+
 # Three disjoint meshes over the 8 test devices, each splitting the batch its own way.
 SUBMESHES = ["--config.submeshes.policy=fsdp=4", "--config.submeshes.generator=data=2",
              "--config.submeshes.verifier=fsdp=-1"]

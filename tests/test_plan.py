@@ -13,7 +13,8 @@ import pytest
 
 from jaxrubric import plan
 from jaxrubric.config import load_config, round_config
-from jaxrubric.methods import core, get_method
+from jaxrubric.methods import get_method
+from jaxrubric.methods.shapes import config_dims
 from jaxrubric.plan import compile as plan_compile
 from jaxrubric.plan import models
 
@@ -175,7 +176,7 @@ def test_recipes_share_prefixes_on_their_meshes(name, mesh, memory):
     config = load_config(CONFIGS / f"{name}.py")
     rc, method = round_config(config), get_method(config.method)
     # Each recipe trains a role whose samples share a prompt, and shares it.
-    updates = method.round_shapes(rc, core.config_dims(config, method)).updates
+    updates = method.round_shapes(rc, config_dims(config, method.weights)).updates
     assert any(u.shared(rc) for u in updates)
     p = recipe_plan(name, mesh, memory)
     assert p["fits"], (p["total"] / GIB, p["usable"] / GIB, p["peak_phase"])
@@ -468,7 +469,7 @@ def test_frozen_role_behind_a_runtime_switch_keeps_its_update_phase():
         assert ("generator update" in plan.plan_memory(config, GIB)["phases"]) == switched
         method = get_method(config.method)
         updates = method.round_shapes(round_config(config),
-                                      core.config_dims(config, method)).updates
+                                      config_dims(config, method.weights)).updates
         assert [u.role for u in updates] == (["generator", "policy"] if switched
                                              else ["policy"])
 

@@ -22,10 +22,16 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxrubric import placement, sampling
-from jaxrubric.methods import core
-from jaxrubric.methods.core import (Anchors, Frozen, PolicyPrompt, Question, Read, RoundBatch,
-                                    RoundConfig, RoundDims, RoundResult, RoundSetup,
-                                    RoundShapes, RoundState, Sampling, Verification)
+from jaxrubric.methods.data import (Anchors, Frozen, PolicyPrompt, Question, RoundBatch,
+                                    RoundResult, RoundState, role_weights)
+from jaxrubric.methods.method import Method, verifier_messages
+from jaxrubric.methods.round_config import RoundConfig
+from jaxrubric.methods.setup import RoundSetup
+from jaxrubric.methods.shapes import (Read, RoundDims, RoundShapes, Sampling, Verification,
+                                      anchor_row_bytes, check_micro_batches, config_dims,
+                                      parsed_row_bytes, question_row_bytes, sample_row_bytes,
+                                      trained_updates)
+from jaxrubric.methods.steps import explorer_groups, judge, text_lengths, write_rubrics
 from jaxrubric.methods.update import UpdateInputs, update_roles
 from jaxrubric.rewards import genrubric as gr
 from jaxrubric.rewards.dynamic_rubric import (dynamic_rubric_rewards, generator_advantages,
@@ -55,7 +61,7 @@ def respond_stage(setup: RoundSetup, policy_params: nnx.State, prompt: PolicyPro
         prompt.lengths, jax.random.split(rng)[0], num_samples=cfg.num_responses,
         max_new_tokens=cfg.response_tokens, temperature=cfg.policy_temperature, top_p=cfg.top_p,
         stop_token_ids=setup.stop_token_ids, micro_batches=cfg.rollout_micro_batches)
-    return responses, core.text_lengths(responses)
+    return responses, text_lengths(responses)
 
 
 def generator_input(setup: RoundSetup, question: Question, responses: sampling.SampleResult,
@@ -81,7 +87,7 @@ def write_stage(setup: RoundSetup, generator_params: nnx.State, question: Questi
     explorer = (None if explorer_params is None
                 else nnx.merge(setup.graph(Role.GENERATOR), explorer_params))
     gen_input = generator_input(setup, question, responses, text_len)
-    return (gen_input, *core.write_rubrics(setup, generator, gen_input, jax.random.split(rng)[1],
+    return (gen_input, *write_rubrics(setup, generator, gen_input, jax.random.split(rng)[1],
                                            explorer))
 
 
@@ -119,9 +125,9 @@ def judge_stage(setup: RoundSetup, verifier_params: nnx.State, question: Questio
     runtime switch (`RunSwitches.oracle_reward`) in place of `policy_reward`."""
     cfg = setup.config
     verifier = nnx.merge(setup.graph(Role.VERIFIER), verifier_params)
-    verdicts = core.judge(setup, verifier, question, responses.tokens, text_len, parsed,
+    verdicts = judge(setup, verifier, question, responses.tokens, text_len, parsed,
                           parsed.valid)  # [B, K, G, M]
-    anchor_verdicts = core.judge(setup, verifier, question, anchors.tokens, anchors.lengths,
+    anchor_verdicts = judge(setup, verifier, question, anchors.tokens, anchors.lengths,
                                  parsed, parsed.valid)  # [B, n, G, M]
 
     weights = parsed.weights.astype(jnp.float32)
@@ -152,7 +158,7 @@ def judge_stage(setup: RoundSetup, verifier_params: nnx.State, question: Questio
         item_metrics = {"generator/item_discriminability": grpo.masked_mean(item_disc, item_mask),
                         "generator/item_anchor": grpo.masked_mean(item_anchor, item_mask)}
     # The explorer's rubrics only teach the generator: the evaluator is the generator's own.
-    explored = core.explorer_groups(cfg)
+    explored = explorer_groups(cfg)
     scoring = group_valid & ~explored
     if cfg.policy_score == "best_group":  # the rubric the generator's advantage ranks first
         best = jnp.argmax(jnp.where(scoring, gen_advantages, -jnp.inf), axis=-1)
@@ -205,7 +211,7 @@ class Rollout(NamedTuple):
 def rollout(setup: RoundSetup, state: RoundState, frozen: Frozen, batch: RoundBatch,
             rng: jax.Array, run: placement.Placement) -> Rollout:
     """Stages 1-3: responses, rubrics, verdicts, scores and both roles' rewards."""
-    weights = {role: core.role_weights(state, frozen, role) for role in TRAINED}
+    weights = {role: role_weights(state, frozen, role) for role in TRAINED}
     responses, text_len = run(Role.POLICY, respond_stage, weights[Role.POLICY], batch.policy, rng)
     gen_input, rubrics, parsed = run(Role.GENERATOR, write_stage, weights[Role.GENERATOR],
                                      batch.question, responses, text_len, rng,
@@ -240,7 +246,7 @@ def dynamic_rubric_round(setup: RoundSetup, state: RoundState, frozen: Frozen,
                          batch: RoundBatch, rng: jax.Array,
                          run: placement.Placement | None = None
                          ) -> tuple[RoundState, RoundResult]:
-    """One DynamicRubric co-evolution round (pure; `core.make_round_step` jits it).
+    """One DynamicRubric co-evolution round (pure; `programs.make_round_step` jits it).
 
     `frozen`: the verifier, and each trained role's KL reference when its beta > 0. `run`:
     where the stages run (`placement`; default inline: one program under `jax.jit`).
@@ -253,7 +259,7 @@ def dynamic_rubric_round(setup: RoundSetup, state: RoundState, frozen: Frozen,
         Role.GENERATOR: UpdateInputs(
             out.gen_input.tokens, out.gen_input.mask, out.rubrics,
             generator_update_advantages(out.judged, out.parsed),
-            jnp.broadcast_to(core.explorer_groups(setup.config), out.rubrics.lengths.shape)
+            jnp.broadcast_to(explorer_groups(setup.config), out.rubrics.lengths.shape)
             if setup.config.explorer_rubrics else None),
         Role.POLICY: UpdateInputs(batch.policy.tokens, batch.policy.mask, out.responses,
                                   out.judged.policy_advantages),
@@ -334,7 +340,7 @@ GENRUBRIC_ROUND_KEYS = {
 DEFAULT_ROUND = RoundConfig()
 
 
-class DynamicRubric(core.Method):
+class DynamicRubric(Method):
     """DynamicRubric (see the module docstring)."""
 
     name: ClassVar[str] = "dynamic_rubric"
@@ -345,7 +351,7 @@ class DynamicRubric(core.Method):
         rc = RoundConfig(**config.round.to_dict())
         eval_prompts = (config.data.eval_batch_size or config.data.batch_size
                         if config.data.eval else None)
-        core.check_micro_batches(rc, self.round_shapes(rc, core.config_dims(config, self)),
+        check_micro_batches(rc, self.round_shapes(rc, config_dims(config, self.weights)),
                                  eval_prompts)
 
     def check_round(self, config, oracle_reward):
@@ -378,7 +384,7 @@ class DynamicRubric(core.Method):
             "generator": (tpl.dynamic_rubric_generator_messages(
                 mark("prompt"), [mark(r) for r in responses], max_items=max_items,
                 style=style), ("prompt", *responses)),
-            "verifier": core.verifier_messages(style)}
+            "verifier": verifier_messages(style)}
 
     def round_shapes(self, config: RoundConfig, dims: RoundDims) -> RoundShapes:
         b, k, g, n = dims.batch, config.num_responses, config.num_rubrics, config.response_tokens
@@ -386,9 +392,9 @@ class DynamicRubric(core.Method):
                             + shown_responses(config) * n)
         prefix = dims.verifier_head + dims.question
         branches, branch = g * dims.items, dims.item_tokens + dims.readout_suffix
-        responses = k * (core.sample_row_bytes(n) + 4)  # + text_len
-        rubrics = g * core.sample_row_bytes(dims.rubric)
-        parsed = g * core.parsed_row_bytes(dims)
+        responses = k * (sample_row_bytes(n) + 4)  # + text_len
+        rubrics = g * sample_row_bytes(dims.rubric)
+        parsed = g * parsed_row_bytes(dims)
         return RoundShapes(
             sampling=(Sampling(Role.POLICY, "policy rollout", b, k, dims.policy_prompt, n),
                       Sampling(Role.GENERATOR, "generator rollout", b, g, generator_prompt,
@@ -396,15 +402,15 @@ class DynamicRubric(core.Method):
             verification=(Verification("responses", b * k, prefix + n, branches, branch),
                           Verification("anchors", b * dims.anchors, prefix + dims.anchor_len,
                                        branches, branch)),
-            updates=core.trained_updates(config, {
+            updates=trained_updates(config, {
                 Role.GENERATOR: (b * g, generator_prompt, dims.rubric, g),
                 Role.POLICY: (b * k, dims.policy_prompt, n, k)}),
             reads={
                 "policy rollout": (),
                 "generator rollout": (Read(Role.POLICY, "prompts, responses, rng key",
-                                           core.question_row_bytes(dims) + responses, 8),),
+                                           question_row_bytes(dims) + responses, 8),),
                 "verifier": (Read(Role.POLICY, "questions, anchors, responses",
-                                  core.question_row_bytes(dims) + core.anchor_row_bytes(dims)
+                                  question_row_bytes(dims) + anchor_row_bytes(dims)
                                   + responses),
                              Read(Role.GENERATOR, "rubrics, parsed", rubrics + parsed)),
                 "generator update": (Read(Role.VERIFIER, "advantages", 4 * g),

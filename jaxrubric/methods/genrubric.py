@@ -35,10 +35,15 @@ from flax import nnx
 
 from jaxrubric import placement, sampling
 from jaxrubric.eval.expert_agreement import ExpertBatch, ExpertRows
-from jaxrubric.methods import core
-from jaxrubric.methods.core import (Frozen, Question, Read, RoundBatch, RoundConfig, RoundDims,
-                                    RoundResult, RoundSetup, RoundShapes, RoundState, Sampling,
-                                    Verification)
+from jaxrubric.methods.data import (Frozen, Question, RoundBatch, RoundResult, RoundState,
+                                    role_weights)
+from jaxrubric.methods.method import Method, verifier_messages
+from jaxrubric.methods.round_config import RoundConfig
+from jaxrubric.methods.setup import RoundSetup
+from jaxrubric.methods.shapes import (Read, RoundDims, RoundShapes, Sampling, Verification,
+                                      check_micro_batches, config_dims, parsed_row_bytes,
+                                      question_row_bytes, sample_row_bytes, trained_updates)
+from jaxrubric.methods.steps import judge, text_lengths, write_rubrics
 from jaxrubric.methods.update import UpdateInputs, update_roles
 from jaxrubric.rewards import genrubric as gr
 from jaxrubric.rl import grpo
@@ -59,7 +64,7 @@ def write_stage(setup: RoundSetup, generator_params: nnx.State, question: Questi
     generator = nnx.merge(setup.graph(Role.GENERATOR), generator_params)
     gen_input = tpl.assemble(setup.generator_template, [question.tokens], [question.lengths],
                              pad_id=setup.pad_id, align="right")
-    return (gen_input, *core.write_rubrics(setup, generator, gen_input, jax.random.split(rng)[0]))
+    return (gen_input, *write_rubrics(setup, generator, gen_input, jax.random.split(rng)[0]))
 
 
 class Induced(NamedTuple):
@@ -79,7 +84,7 @@ def induce_stage(setup: RoundSetup, policy_params: nnx.State, question: Question
     policy = nnx.merge(setup.graph(Role.POLICY), policy_params)
     batch_size, G = rubrics.tokens.shape[:2]
     rows, n = batch_size * G, cfg.induced_responses
-    slots = {"rubric": (rubrics.tokens, core.text_lengths(rubrics)),
+    slots = {"rubric": (rubrics.tokens, text_lengths(rubrics)),
              "prompt": (question.tokens[:, None], question.lengths[:, None])}
     induced = tpl.assemble(setup.induced_template,
                            [slots[s][0] for s in setup.induced_template.slots],
@@ -92,7 +97,7 @@ def induce_stage(setup: RoundSetup, policy_params: nnx.State, question: Question
         stop_token_ids=setup.stop_token_ids, micro_batches=cfg.rollout_micro_batches,
         noise_rows=common_noise_rows(batch_size, G, n) if cfg.induce_common_noise else None)
     responses = jax.tree.map(lambda x: x.reshape(batch_size, G * n, *x.shape[2:]), sampled)
-    return Induced(induced, responses, core.text_lengths(responses))
+    return Induced(induced, responses, text_lengths(responses))
 
 
 def common_noise_rows(batch_size: int, groups: int, n: int) -> jax.Array:
@@ -250,7 +255,7 @@ def judge_stage(setup: RoundSetup, verifier_params: nnx.State, question: Questio
     verifier = nnx.merge(setup.graph(Role.VERIFIER), verifier_params)
     responses = induced.responses
     item_valid = parsed.valid & parsed.complete[..., None]
-    verdicts = core.judge(setup, verifier, question, responses.tokens, induced.text_len, parsed,
+    verdicts = judge(setup, verifier, question, responses.tokens, induced.text_len, parsed,
                           item_valid)
 
     credit = generator_credit(parsed, verdicts, soft=cfg.soft_verdicts,
@@ -313,7 +318,7 @@ class Outputs(NamedTuple):
 def genrubric_round(setup: RoundSetup, state: RoundState, frozen: Frozen, batch: RoundBatch,
                     rng: jax.Array, run: placement.Placement | None = None
                     ) -> tuple[RoundState, RoundResult]:
-    """One GenRubric co-evolution round (pure; `core.make_round_step` jits it). Reads the
+    """One GenRubric co-evolution round (pure; `programs.make_round_step` jits it). Reads the
     batch's question only (the policy answers under the induced-response prompt).
 
     `frozen`: the verifier, and each trained role's KL reference when its beta > 0. `run`:
@@ -322,9 +327,9 @@ def genrubric_round(setup: RoundSetup, state: RoundState, frozen: Frozen, batch:
     run = run or placement.colocated(setup)
     question = batch.question
     gen_input, rubrics, parsed = run(Role.GENERATOR, write_stage,
-                                     core.role_weights(state, frozen, Role.GENERATOR), question,
+                                     role_weights(state, frozen, Role.GENERATOR), question,
                                      rng)
-    induced = run(Role.POLICY, induce_stage, core.role_weights(state, frozen, Role.POLICY),
+    induced = run(Role.POLICY, induce_stage, role_weights(state, frozen, Role.POLICY),
                   question, rubrics, rng)
     judged = run(Role.VERIFIER, judge_stage, frozen.verifier, question, rubrics, parsed, induced,
                  rng)
@@ -364,7 +369,7 @@ def evaluation_write_stage(setup: RoundSetup, generator_params: nnx.State, batch
 def evaluation_judge_stage(setup: RoundSetup, verifier_params: nnx.State, batch: ExpertBatch,
                            parsed: grammar_lib.ParsedRubric) -> dict[str, jax.Array]:
     """Every held-out completion under the written rubrics and the expert rubric (the last
-    group) in one verifier call, judged as the round judges (`core.judge`: 0/1 verdicts, the
+    group) in one verifier call, judged as the round judges (`steps.judge`: 0/1 verdicts, the
     paper's and HealthBench's, or p_yes with `soft_verdicts`). Returns `scores [B, N, R + 2]`
     and `group_valid [B, R + 2]` (`jaxrubric.eval.expert_agreement` reads them on the host).
 
@@ -410,7 +415,7 @@ def genrubric_evaluation(setup: RoundSetup, state: RoundState, frozen: Frozen,
     `rubric_weights`, `rubric_valid` `[B, R + 1, M]`)."""
     run = run or placement.colocated(setup)
     parsed = run(Role.GENERATOR, evaluation_write_stage,
-                 core.role_weights(state, frozen, Role.GENERATOR), batch, rng)
+                 role_weights(state, frozen, Role.GENERATOR), batch, rng)
     judged = run(Role.VERIFIER, evaluation_judge_stage, frozen.verifier, batch, parsed)
     # The written rubrics leave the device too (a few KiB): `eval_scores.jsonl` shows what was
     # judged, and a world with a checker can judge them again without the verifier's errors.
@@ -420,7 +425,7 @@ def genrubric_evaluation(setup: RoundSetup, state: RoundState, frozen: Frozen,
 
 
 # ------------------------------------------------------------------------------ the method
-class GenRubric(core.Method):
+class GenRubric(Method):
     """GenRubric (see the module docstring)."""
 
     name: ClassVar[str] = "genrubric"
@@ -441,7 +446,7 @@ class GenRubric(core.Method):
             raise ValueError("config.oracle is supported by the dynamic_rubric method only")
         eval_prompts = (config.data.eval_batch_size or config.data.batch_size
                         if config.data.eval else None)
-        core.check_micro_batches(rc, self.round_shapes(rc, core.config_dims(config, self)),
+        check_micro_batches(rc, self.round_shapes(rc, config_dims(config, self.weights)),
                                  eval_prompts)
 
     def check_round(self, config, oracle_reward):
@@ -481,7 +486,7 @@ class GenRubric(core.Method):
         return {
             "generator": (tpl.genrubric_generator_messages(mark("prompt"), max_items=max_items,
                                                            style=style), ("prompt",)),
-            "verifier": core.verifier_messages(style),
+            "verifier": verifier_messages(style),
             "induced": (tpl.induced_response_messages(mark("prompt"), mark("rubric"),
                                                       style=style), ("rubric", "prompt"))}
 
@@ -491,10 +496,10 @@ class GenRubric(core.Method):
         generator_prompt = dims.generator_constant + dims.question
         policy_prompt = dims.induced_constant + dims.rubric + dims.question
         prefix = dims.verifier_head + dims.question
-        question = core.question_row_bytes(dims)
-        rubrics = g * core.sample_row_bytes(dims.rubric)
-        parsed = g * core.parsed_row_bytes(dims)
-        induced = g * (5 * policy_prompt + 4 + per_group * (core.sample_row_bytes(n) + 4))
+        question = question_row_bytes(dims)
+        rubrics = g * sample_row_bytes(dims.rubric)
+        parsed = g * parsed_row_bytes(dims)
+        induced = g * (5 * policy_prompt + 4 + per_group * (sample_row_bytes(n) + 4))
         return RoundShapes(
             sampling=(Sampling(Role.GENERATOR, "generator rollout", b, g, generator_prompt,
                                dims.rubric),
@@ -502,7 +507,7 @@ class GenRubric(core.Method):
                                per_group, policy_prompt, n)),
             verification=(Verification("induced responses", b * g * per_group, prefix + n,
                                        g * dims.items, dims.item_tokens + dims.readout_suffix),),
-            updates=core.trained_updates(config, {
+            updates=trained_updates(config, {
                 Role.GENERATOR: (b * g, generator_prompt, dims.rubric, g),
                 Role.POLICY: (b * g * per_group, policy_prompt, n, per_group)}),
             reads={

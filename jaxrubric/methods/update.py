@@ -15,8 +15,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxrubric import microbatch, placement, sampling
-from jaxrubric.methods.core import (Frozen, RoleSpec, RoleState, RoundConfig, RoundSetup,
-                                    RoundState)
+from jaxrubric.methods.data import Frozen, RoleState, RoundState
+from jaxrubric.methods.round_config import RoundConfig
+from jaxrubric.methods.setup import RoleSpec, RoundSetup
 from jaxrubric.models.transformer import Decoder
 from jaxrubric.rl import grpo
 from jaxrubric.roles import TRAINED, Role

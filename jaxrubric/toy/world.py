@@ -84,7 +84,7 @@ import jaxrubric
 from jaxrubric import sft
 from jaxrubric import sharding as shd
 from jaxrubric.config import base_config, check_config
-from jaxrubric.methods.core import KL_KINDS
+from jaxrubric.methods.round_config import KL_KINDS
 from jaxrubric.rl import grpo
 from jaxrubric.rubric import templates as tpl
 from jaxrubric.toy import digits_task as task
