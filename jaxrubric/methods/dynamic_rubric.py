@@ -33,7 +33,7 @@ from jaxrubric.methods.shapes import (Read, RoundDims, RoundShapes, Sampling, Ve
                                       trained_updates)
 from jaxrubric.methods.steps import explorer_groups, judge, text_lengths, write_rubrics
 from jaxrubric.methods.update import UpdateInputs, update_roles
-from jaxrubric.rewards import genrubric as gr
+from jaxrubric.rewards import credit
 from jaxrubric.rewards.dynamic_rubric import (dynamic_rubric_rewards, generator_advantages,
                                               item_rewards, preference_pairs)
 from jaxrubric.rl import grpo
@@ -152,9 +152,9 @@ def judge_stage(setup: RoundSetup, verifier_params: nnx.State, question: Questio
             verdicts.transpose(0, 2, 1, 3), anchor_verdicts.transpose(0, 2, 1, 3), item_mask,
             anchor_mask=anchors.mask, anchor_ranks=anchors.ranks)
         item_adv = cfg.item_credit * (
-            gr.item_advantages(item_disc, item_mask, mode=cfg.advantage_mode)
-            + cfg.anchor_weight * gr.item_advantages(item_anchor, item_mask,
-                                                     mode=cfg.advantage_mode))
+            credit.item_advantages(item_disc, item_mask, mode=cfg.advantage_mode)
+            + cfg.anchor_weight * credit.item_advantages(item_anchor, item_mask,
+                                                         mode=cfg.advantage_mode))
         item_metrics = {"generator/item_discriminability": grpo.masked_mean(item_disc, item_mask),
                         "generator/item_anchor": grpo.masked_mean(item_anchor, item_mask)}
     # The explorer's rubrics only teach the generator: the evaluator is the generator's own.
@@ -228,7 +228,7 @@ def generator_update_advantages(judged: Judged, parsed: grammar_lib.ParsedRubric
     `[B, G, L]`, each item token adding its item's (scaled) advantage."""
     if judged.item_advantages is None:
         return judged.generator_advantages
-    return gr.token_level_advantages(judged.generator_advantages, judged.item_advantages,
+    return credit.token_level_advantages(judged.generator_advantages, judged.item_advantages,
                                      parsed.token_item)
 
 
