@@ -50,7 +50,8 @@ from jaxrubric import sharding as shd
 from jaxrubric.methods import DYNAMIC_RUBRIC
 from jaxrubric.methods.batches import encode_batch
 from jaxrubric.methods.data import Frozen, RoundState
-from jaxrubric.methods.round_config import RoundConfig
+from jaxrubric.methods.dynamic_rubric import DynamicRubricConfig
+from jaxrubric.methods.round_config import RoleConfig
 from jaxrubric.methods.setup import init_state
 from jaxrubric.methods.shapes import round_dims
 from jaxrubric.methods.update import role_update_stage
@@ -237,11 +238,11 @@ def update_row(setup, state: RoundState, frozen: Frozen, decoded, work: Work,
         forward = flops.teacher_forced_flops(cfg, rows=p * k, prompt_len=work.prompt_len,
                                              completion_len=work.new_tokens)
         tokens = p * k * (work.prompt_len + work.new_tokens)
-    passes = 3 * setup.config.num_updates + (setup.config.policy_beta > 0)
+    passes = 3 * setup.config.num_updates + (setup.config.policy.beta > 0)
     shared = ", prompts shared" if setup.config.share_prefix else ""
     return Row("policy GRPO update (`role_update_stage`)", f"{p * k} rows, prompt "
                f"{work.prompt_len} + completion {work.new_tokens}{shared}, beta "
-               f"{setup.config.policy_beta}, {setup.config.num_updates} AdamW step",
+               f"{setup.config.policy.beta}, {setup.config.num_updates} AdamW step",
                timed(update, args, repeats), tokens=tokens,
                flops=passes * forward, note="3x forward + the reference forward")
 
@@ -294,10 +295,10 @@ def build_round(cfg, tokenizer, mesh, work: Work):
     weights (the verifier and both KL references are that model's weights) and a batch."""
     model = shd.shard_model(jaxrubric.init_model(cfg, seed=0), mesh)
     models = dict.fromkeys(ROLES, model)
-    config = RoundConfig(
-        num_responses=work.round_responses, num_rubrics=work.round_rubrics,
-        response_tokens=work.response_tokens, policy_beta=0.04, generator_beta=0.04,
-        logprob_chunk=min(64, work.new_tokens))
+    config = DynamicRubricConfig(num_responses=work.round_responses, num_rubrics=work.round_rubrics,
+                                 response_tokens=work.response_tokens,
+                                 logprob_chunk=min(64, work.new_tokens),
+                                 policy=RoleConfig(beta=0.04), generator=RoleConfig(beta=0.04))
     setup = DYNAMIC_RUBRIC.build_setup(
         config, tokenizer, models, optimizers={r: optax.adamw(1e-6) for r in TRAINED},
         max_items=work.round_items, max_item_tokens=work.round_item_tokens)

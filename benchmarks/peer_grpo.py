@@ -61,7 +61,7 @@ from timing import first_and_best
 
 import jaxrubric
 from jaxrubric.methods.data import RoleState, trainable
-from jaxrubric.methods.round_config import RoundConfig
+from jaxrubric.methods.round_config import RoleConfig, RoundConfig
 from jaxrubric.methods.setup import RoleSpec
 from jaxrubric.methods.update import completion_logprobs, grpo_role_update
 from jaxrubric.sampling import generate
@@ -140,8 +140,8 @@ def jaxrubric_iteration(model: jaxrubric.Decoder, work: Work, repeats: int,
         inputs = (jnp.asarray(work.prompts), jnp.ones(work.prompts.shape, bool),
                   *map(by_prompt, inputs[2:]))
     optimizer = optax.adamw(LR)
-    spec = RoleSpec(graph, optimizer, beta=BETA, compiled_out=False)
-    cfg = RoundConfig(policy_beta=BETA, logprob_chunk=NEW)
+    spec = RoleSpec(graph, optimizer, RoleConfig(beta=BETA), compiled_out=False)
+    cfg = RoundConfig(logprob_chunk=NEW, policy=RoleConfig(beta=BETA))
     update = jax.jit(lambda state, ref: grpo_role_update(
         cfg, spec, state, None, ref, *inputs, jax.random.key(0))[0], donate_argnums=0)
     trained = jax.tree.map(jnp.copy, params)  # donated: the model's own weights stay

@@ -149,9 +149,10 @@ def round_flops_by_stage(models: Mapping[Role, ModelConfig], config: RoundConfig
                                            completion_len=u.completion_len)
         passes = 3 if models[u.role].lora is None else 2
         stages[f"{u.role}/update"] = passes * config.num_updates * forward
-        if config.beta(u.role) > 0:
+        role = config.roles[u.role]
+        if role.beta > 0:
             stages[f"{u.role}/reference"] = forward
-            if config.kl(u.role) == "forward":  # its logits move into every update step
+            if role.kl == "forward":  # its logits move into every update step
                 logits = forward_flops(models[u.role], tokens=0, attention_pairs=0,
                                        logit_tokens=u.rows * u.completion_len)
                 stages[f"{u.role}/reference"] -= logits

@@ -22,7 +22,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 import jaxrubric
 from jaxrubric import flops, placement
 from jaxrubric import sharding as shd
-from jaxrubric.config import base_config, load_config, role_lora, round_config
+from jaxrubric.config import base_config, load_config, role_lora, round_config, saved_config
 from jaxrubric.data import load_anchors, prompt_text
 from jaxrubric.logging_utils import WandbSettings
 from jaxrubric.methods import get_method
@@ -207,7 +207,7 @@ class CoevolveTask:
         if rc.runtime_switches:
             switches = jax.device_put(rc.switches(), NamedSharding(self.mesh, PartitionSpec()))
         explorer = (self._same_architecture(Role.GENERATOR, "explorer", models[Role.GENERATOR])
-                    if rc.explorer_rubrics else None)
+                    if config.generator.explorer else None)
         self.frozen = Frozen(nnx.state(models[Role.VERIFIER], nnx.Param),
                              policy_ref=references[Role.POLICY],
                              generator_ref=references[Role.GENERATOR],
@@ -232,7 +232,7 @@ class CoevolveTask:
         else:
             run = placement.SubMeshes(self.setup, self.meshes)
             self._round = make_submesh_round_step(self.setup, self.frozen, run,
-                                                       self.method.round)
+                                                  self.method.round)
             evaluate = functools.partial(self.method.evaluate, eval_setup, run=(
                 run if eval_setup is self.setup else placement.SubMeshes(eval_setup, self.meshes)))
         self._evaluate = None
@@ -346,7 +346,13 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, *,
         max_skipped_rounds=config.max_skipped_rounds, fallback=fallback,
         wandb=(WandbSettings(config.logging.wandb_project, config.logging.wandb_run_name)
                if config.logging.wandb else None),
-        config_defaults=_fingerprinted(base_config()))
+        config_defaults=_fingerprinted(base_config(config.method)),
+        saved_config=_saved_run)
+
+
+def _saved_run(run: dict) -> dict:
+    """A checkpoint's run config in today's layout (`config.saved_config`), fingerprinted."""
+    return {**run, "config": _fingerprinted(saved_config(run["config"]))}
 
 
 def _fingerprinted(config: ml_collections.ConfigDict) -> dict:

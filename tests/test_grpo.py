@@ -498,7 +498,7 @@ def _decoder_update_case(lora: bool = False):
 
 def _decoder_update(aggregation, micro_batches, num_updates=2, lora=False):
     from jaxrubric.methods.data import RoleState
-    from jaxrubric.methods.round_config import RoundConfig
+    from jaxrubric.methods.round_config import RoleConfig, RoundConfig
     from jaxrubric.methods.setup import RoleSpec
     from jaxrubric.methods.update import grpo_role_update
 
@@ -506,7 +506,7 @@ def _decoder_update(aggregation, micro_batches, num_updates=2, lora=False):
     cfg = RoundConfig(aggregation=aggregation, num_updates=num_updates, logprob_chunk=2,
                       update_micro_batches=micro_batches)
     opt = optax.sgd(0.5)  # the parameters move by the gradients themselves
-    spec = RoleSpec(graph, opt, beta=0.1, compiled_out=False)
+    spec = RoleSpec(graph, opt, RoleConfig(beta=0.1), compiled_out=False)
     # The reference is the initial weights, moved a little so the KL term is not zero (LoRA:
     # the base, the adapters off).
     ref = None if lora else jax.tree.map(lambda p: p * 1.01, params)

@@ -19,7 +19,9 @@ import jaxrubric
 from jaxrubric import sharding as shd
 from jaxrubric.config import ConfigFileError, load_config
 from jaxrubric.methods.data import base_weights, role_weights
-from jaxrubric.methods.round_config import RoundConfig
+from jaxrubric.methods.dynamic_rubric import DynamicRubricConfig
+from jaxrubric.methods.genrubric import GenRubricConfig
+from jaxrubric.methods.round_config import RoleConfig
 from jaxrubric.models import adapters
 from jaxrubric.models import lora as lora_lib
 from jaxrubric.models.config import LoraConfig, tiny_config
@@ -80,9 +82,10 @@ def test_a_lora_round_trains_only_the_adapters_on_the_mesh(method):
     # Soft verdicts (rewards from p(yes)): a random tiny verifier's p(yes) sits near 1/2, so its
     # hard verdicts are a matter of rounding; under one compile they all came out "yes", every
     # advantage was 0 and nothing could move. p(yes) always varies.
-    config = RoundConfig(num_responses=4, num_rubrics=2, response_tokens=6,
-                              policy_beta=0.04, generator_beta=0.04, update_micro_batches=2,
-                              freeze_policy=False, soft_verdicts=True)
+    shared = dict(num_rubrics=2, response_tokens=6, update_micro_batches=2, soft_verdicts=True,
+                  policy=RoleConfig(beta=0.04), generator=RoleConfig(beta=0.04))
+    config = {"dynamic_rubric": DynamicRubricConfig(num_responses=4, **shared),
+              "genrubric": GenRubricConfig(**shared)}[method]
     case = round_case(method, config, mesh, tokenizer=tokenizer, models=models,
                       questions=["Sort 3 1 2."] * 8, anchors=[["1 2 3", "3 2 1"]] * 8)
     for role in TRAINED:

@@ -20,7 +20,7 @@ import jaxrubric
 from jaxrubric import sharding as shd
 from jaxrubric.methods import update
 from jaxrubric.methods.data import RoleState, base_weights, trainable
-from jaxrubric.methods.round_config import RoundConfig
+from jaxrubric.methods.round_config import RoleConfig, RoundConfig
 from jaxrubric.methods.setup import RoleSpec
 from jaxrubric.models.config import LoraConfig
 from jaxrubric.rl import grpo
@@ -81,7 +81,7 @@ def _update(lora: bool, aggregation: str, micro_batches: int, shared: bool, mesh
     cfg = RoundConfig(aggregation=aggregation, num_updates=2, logprob_chunk=2,
                            update_micro_batches=micro_batches)
     opt = optax.sgd(0.5)
-    spec = RoleSpec(graph, opt, beta=0.1, compiled_out=False, kl=kl)
+    spec = RoleSpec(graph, opt, RoleConfig(beta=0.1, kl=kl), compiled_out=False)
     ref = None if lora else jax.tree.map(lambda p: p * 1.01, params)
     if shared:
         inputs = (prompt, prompt_mask, completion, mask, sampler, advantages)

@@ -85,7 +85,7 @@ class Frozen(NamedTuple):
     with `round.runtime_switches`, the run's `RunSwitches`)."""
 
     verifier: nnx.State
-    policy_ref: nnx.State | None = None  # the KL reference, when policy_beta > 0 (full FT)
+    policy_ref: nnx.State | None = None  # the KL reference, when its beta > 0 (full FT)
     generator_ref: nnx.State | None = None  # likewise for the generator
     # A LoRA role's base weights (in its compute dtype): the adapters' frozen part, and its KL
     # reference too (the base with the adapters off), so no second copy is held.

@@ -26,7 +26,7 @@ into agreement metrics.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, ClassVar, NamedTuple
 
 import jax
@@ -53,6 +53,50 @@ from jaxrubric.rubric import templates as tpl
 from jaxrubric.rubric import verifier as ver
 
 PyTree = Any
+
+
+
+# ------------------------------------------------------------------------------ settings
+@dataclasses.dataclass(frozen=True)
+class GenRubricConfig(RoundConfig):
+    """GenRubric's round: the shared settings and its own."""
+
+    # Reward coefficients (`rewards.genrubric.genrubric_rewards`): sequence reward =
+    # comprehensiveness + group discrimination; item reward = discriminative + non-redundant.
+    # The paper's ablation keeps comprehensiveness alone.
+    comprehensiveness_coef: float = 1.0
+    discrimination_coef: float = 1.0
+    discriminative_coef: float = 0.5
+    nonredundant_coef: float = 0.5
+    # How group discrimination measures a rubric's spread over the induced responses
+    # (`rewards.genrubric.group_discrimination`): "std", "range", or "pairs" (the share of
+    # response pairs it scores apart, which a coarser rubric cannot raise).
+    discrimination_spread: str = "std"
+    # A control, not a method: the generator's rewards are shuffled among each query's groups
+    # (and items) before they become advantages (`generator_credit`), so an agreement that
+    # rises anyway comes from sharpening the sampled distribution, not from what the rewards
+    # say.
+    shuffle_generator_credit: bool = False
+    # The responses a query's G rubrics induce draw the same sampling noise (common random
+    # numbers). Each response keeps its distribution, so every reward keeps its expectation;
+    # where two rubrics leave the policy equally unsure (a requirement neither states) their
+    # responses make the same choice, so the comparison among the query's groups, which is all
+    # GRPO's advantages read, reflects what the rubrics say rather than the policy's coin flips.
+    induce_common_noise: bool = False
+    # Responses each rubric group induces (the paper: 1). Its rewards are averaged over them, a
+    # Monte Carlo average of the same expectation with less of the policy's sampling noise in
+    # each group's reward; the policy's advantages span a query's G x N responses.
+    induced_responses: int = 1
+
+    CHOICES: ClassVar[Mapping[str, Collection[str]]] = {"discrimination_spread": gr.SPREADS}
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.num_rubrics < 2:
+            raise ValueError("num_rubrics must be >= 2 for GenRubric (each group's induced "
+                             f"response is judged by the other groups), got {self.num_rubrics}")
+        if self.induced_responses < 1:
+            raise ValueError(f"induced_responses must be >= 1, got {self.induced_responses}")
 
 
 # ------------------------------------------------------------------------------ stages
@@ -93,7 +137,7 @@ def induce_stage(setup: RoundSetup, policy_params: nnx.State, question: Question
     sampled = sampling.sample(
         policy, induced.tokens.reshape(rows, -1), induced.mask.reshape(rows, -1),
         induced.lengths.reshape(rows), jax.random.split(rng)[1], num_samples=n,
-        max_new_tokens=cfg.response_tokens, temperature=cfg.policy_temperature, top_p=cfg.top_p,
+        max_new_tokens=cfg.response_tokens, temperature=cfg.policy.temperature, top_p=cfg.top_p,
         stop_token_ids=setup.stop_token_ids, micro_batches=cfg.rollout_micro_batches,
         noise_rows=common_noise_rows(batch_size, G, n) if cfg.induce_common_noise else None)
     responses = jax.tree.map(lambda x: x.reshape(batch_size, G * n, *x.shape[2:]), sampled)
@@ -167,7 +211,7 @@ def generator_credit(parsed: grammar_lib.ParsedRubric, verdicts: jax.Array, *,
     An incomplete rubric (no end token, or a forbidden token) counts as malformed: its items
     are dropped, so `genrubric_rewards` gives it reward 0 and keeps it out of evaluation.
 
-    `shuffle_key` (the control of `RoundConfig.shuffle_generator_credit`): each query's
+    `shuffle_key` (the control of `GenRubricConfig.shuffle_generator_credit`): each query's
     sequence rewards are permuted among its well-formed groups and its item rewards among its
     valid items before they become advantages, so the update keeps its size and spread but no
     longer says which rubric earned what. The returned rewards are the shuffled ones.
@@ -193,20 +237,19 @@ def generator_credit(parsed: grammar_lib.ParsedRubric, verdicts: jax.Array, *,
     return GeneratorCredit(item_valid, group_valid, scores, sequence, item, advantages)
 
 
-def reward_coefficients(config: RoundConfig) -> dict[str, float]:
+def reward_coefficients(config: GenRubricConfig) -> dict[str, float]:
     """The round config's GenRubric reward coefficients, as `genrubric_rewards` takes them."""
     return {name: getattr(config, name) for name in (
         "comprehensiveness_coef", "discrimination_coef", "discriminative_coef",
         "nonredundant_coef")}
 
 
-def policy_credit(scores: jax.Array, group_valid: jax.Array, cfg: RoundConfig
+def policy_credit(scores: jax.Array, group_valid: jax.Array, cfg: GenRubricConfig
                   ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The policy's rewards `[..., G N]` (`induced_response_rewards`), which of them count,
-    and their advantages over a query's G N responses in the policy's own advantage mode
-    (`RoundConfig.advantages`)."""
+    and their advantages over a query's G N responses in the policy's advantage mode."""
     reward, valid = induced_response_rewards(scores, group_valid)
-    return reward, valid, grpo.group_advantages(reward, mode=cfg.advantages(Role.POLICY),
+    return reward, valid, grpo.group_advantages(reward, mode=cfg.policy.advantage_mode,
                                                 valid=valid)
 
 
@@ -256,10 +299,10 @@ def judge_stage(setup: RoundSetup, verifier_params: nnx.State, question: Questio
     responses = induced.responses
     item_valid = parsed.valid & parsed.complete[..., None]
     verdicts = judge(setup, verifier, question, responses.tokens, induced.text_len, parsed,
-                          item_valid)
+                     item_valid)
 
     credit = generator_credit(parsed, verdicts, soft=cfg.soft_verdicts,
-                              advantage_mode=cfg.advantage_mode,
+                              advantage_mode=cfg.generator.advantage_mode,
                               coefficients=reward_coefficients(cfg),
                               spread=cfg.discrimination_spread,
                               shuffle_key=(jax.random.fold_in(rng, 3)
@@ -357,12 +400,12 @@ def evaluation_write_stage(setup: RoundSetup, generator_params: nnx.State, batch
     question = Question(batch.question, batch.question_lengths)
 
     def write(num_rubrics: int, temperature: float) -> grammar_lib.ParsedRubric:
-        config = dataclasses.replace(setup.config, num_rubrics=num_rubrics,
-                                     generator_temperature=temperature)
+        config = dataclasses.replace(setup.config, num_rubrics=num_rubrics, generator=(
+            dataclasses.replace(setup.config.generator, temperature=temperature)))
         return write_stage(dataclasses.replace(setup, config=config), generator_params,
                            question, rng)[2]
 
-    sampled, greedy = write(batch.runs, setup.config.generator_temperature), write(1, 0.0)
+    sampled, greedy = write(batch.runs, setup.config.generator.temperature), write(1, 0.0)
     return jax.tree.map(lambda s, g: jnp.concatenate([s, g], axis=1), sampled, greedy)
 
 
@@ -435,36 +478,23 @@ class GenRubric(Method):
     # on the host; `evaluate` is the device part. (A method without `held_out` evaluates on
     # anchor lists, as DynamicRubric does.)
     held_out: ClassVar[type[ExpertRows]] = ExpertRows
+    round_config: ClassVar[type[GenRubricConfig]] = GenRubricConfig
 
     def check_config(self, config: Any) -> None:
-        rc = RoundConfig(**config.round.to_dict())
-        try:
-            self.check_round(rc, None)
-        except ValueError as err:
-            raise ValueError(f"config.round.{err}") from None
-        if config.oracle:
-            raise ValueError("config.oracle is supported by the dynamic_rubric method only")
+        rc = self.round_config.from_tree(config.round.to_dict())
+        for key, value in (("oracle", config.oracle), ("generator.explorer",
+                                                       config.generator.explorer)):
+            if value:
+                raise ValueError(f"config.{key} is supported by the dynamic_rubric method only")
         eval_prompts = (config.data.eval_batch_size or config.data.batch_size
                         if config.data.eval else None)
         check_micro_batches(rc, self.round_shapes(rc, config_dims(config, self.weights)),
-                                 eval_prompts)
+                            eval_prompts)
 
     def check_round(self, config, oracle_reward):
-        """Raises ValueError, naming the round key, for fewer than two rubric groups (a group
-        is scored by the others), or an oracle (GenRubric always rewards the policy by rubric
-        scores)."""
-        if config.num_rubrics < 2:
-            raise ValueError("num_rubrics: GenRubric needs >= 2 (each group's induced response "
-                             f"is judged by the other groups), got {config.num_rubrics}")
-        if (config.rubric_source != "dynamic" or config.policy_reward != "rubric"
-                or oracle_reward is not None):
-            raise ValueError("rubric_source / policy_reward: GenRubric rubrics always come "
-                             "from the query alone and reward the policy; keep their defaults "
-                             "(and give no oracle)")
-        if config.explorer_rubrics or config.item_credit:
-            raise ValueError("explorer_rubrics / item_credit: DynamicRubric's (GenRubric's "
-                             "item credit is its discriminative_coef and nonredundant_coef); "
-                             "keep 0")
+        """Refuses an oracle: GenRubric always rewards the policy by rubric scores."""
+        if oracle_reward is not None:
+            raise ValueError("GenRubric rewards the policy by rubric scores: give no oracle")
 
     def round(self, setup, state, frozen, batch, rng, run=None):
         return genrubric_round(setup, state, frozen, batch, rng, run)
@@ -490,7 +520,7 @@ class GenRubric(Method):
             "induced": (tpl.induced_response_messages(mark("prompt"), mark("rubric"),
                                                       style=style), ("rubric", "prompt"))}
 
-    def round_shapes(self, config: RoundConfig, dims: RoundDims) -> RoundShapes:
+    def round_shapes(self, config: GenRubricConfig, dims: RoundDims) -> RoundShapes:
         b, g, n = dims.batch, config.num_rubrics, config.response_tokens
         per_group = config.induced_responses
         generator_prompt = dims.generator_constant + dims.question

@@ -16,7 +16,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxrubric.methods.data import RoleState, RoundState, trainable
-from jaxrubric.methods.round_config import RoundConfig
+from jaxrubric.methods.round_config import RoleConfig, RoundConfig
 from jaxrubric.models.transformer import Decoder
 from jaxrubric.roles import TRAINED, Role
 from jaxrubric.rubric import grammar as grammar_lib
@@ -27,14 +27,13 @@ from jaxrubric.rubric import verifier as ver
 @dataclasses.dataclass(frozen=True, eq=False)
 class RoleSpec:
     """What a round knows of a role: its graph definition and, when trained, its optimiser,
-    KL coefficient and whether its update is left out of the round (`compiled_out`)."""
+    its settings (`RoleConfig`) and whether its update is left out of the round
+    (`compiled_out`)."""
 
     graph: Any
     optimizer: optax.GradientTransformation | None = None
-    beta: float = 0.0
+    settings: RoleConfig | None = None
     compiled_out: bool = True
-    kl: str = "sampled"  # RoundConfig.kl
-    entropy: float = 0.0  # RoundConfig.entropy: the entropy bonus
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -58,12 +57,10 @@ class RoundSetup:
 
     @property
     def roles(self) -> dict[Role, RoleSpec]:
-        """Each role's spec, its KL coefficient and frozen flag read from `config` (so a setup
-        with another config, `dataclasses.replace(setup, config=...)`, is consistent)."""
+        """Each role's spec, its settings and frozen flag read from `config` (so a setup with
+        another config, `dataclasses.replace(setup, config=...)`, is consistent)."""
         return {role: RoleSpec(self.graphs[role], self.optimizers.get(role),
-                               self.config.beta(role) if role in TRAINED else 0.0,
-                               self.config.compiled_out(role), self.config.kl(role),
-                               self.config.entropy(role) if role in TRAINED else 0.0)
+                               self.config.roles.get(role), self.config.compiled_out(role))
                 for role in Role}
 
     def graph(self, role: Role) -> Any:

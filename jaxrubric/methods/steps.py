@@ -8,7 +8,6 @@ import jax.numpy as jnp
 
 from jaxrubric import sampling
 from jaxrubric.methods.data import Question
-from jaxrubric.methods.round_config import RoundConfig
 from jaxrubric.methods.setup import RoundSetup
 from jaxrubric.models.transformer import Decoder
 from jaxrubric.rubric import grammar as grammar_lib
@@ -17,18 +16,18 @@ from jaxrubric.rubric import verifier as ver
 
 
 def write_rubrics(setup: RoundSetup, generator: Decoder, gen_input: tpl.Packed,
-                  rng: jax.Array, explorer: Decoder | None = None
+                  rng: jax.Array, explorer: Decoder | None = None, explored: int = 0
                   ) -> tuple[sampling.SampleResult, grammar_lib.ParsedRubric]:
     """The generator samples G grammar-constrained rubrics per (left-padded) prompt, parsed;
-    with `RoundConfig.explorer_rubrics` m > 0 it samples G - m and `explorer` the last m."""
+    with `explored` m > 0 (DynamicRubric's `explorer_rubrics`) it samples G - m and `explorer`
+    the last m."""
     cfg = setup.config
-    explored = cfg.explorer_rubrics
 
     def write(model: Decoder, count: int, key: jax.Array) -> sampling.SampleResult:
         return sampling.sample(
             model, gen_input.tokens, gen_input.mask, gen_input.lengths, key,
             num_samples=count, max_new_tokens=setup.grammar.max_rubric_tokens,
-            temperature=cfg.generator_temperature, grammar=setup.grammar,
+            temperature=cfg.generator.temperature, grammar=setup.grammar,
             micro_batches=cfg.rollout_micro_batches)
 
     rubrics = write(generator, cfg.num_rubrics - explored, rng)
@@ -43,11 +42,6 @@ def write_rubrics(setup: RoundSetup, generator: Decoder, gen_input: tpl.Packed,
 
 # The explorer's sampling stream, apart from the generator's.
 _EXPLORER_STREAM = 0xE4B1
-
-
-def explorer_groups(config: RoundConfig) -> jax.Array:
-    """`[G]`: True for the rubrics the explorer writes (the last `explorer_rubrics`)."""
-    return jnp.arange(config.num_rubrics) >= config.num_rubrics - config.explorer_rubrics
 
 
 def text_lengths(samples: sampling.SampleResult) -> jax.Array:

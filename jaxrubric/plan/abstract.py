@@ -126,8 +126,8 @@ def abstract_batch(config: ml_collections.ConfigDict, tokenizer: Any, mesh: Mesh
     batch) at the config's batch size, split over the mesh's batch axes."""
     d = config.data
     empty = encode_batch(tokenizer, [], [], prompt_tokens=d.prompt_tokens,
-                              policy_tokens=d.policy_tokens, anchor_tokens=d.anchor_tokens,
-                              num_anchors=d.num_anchors)
+                         policy_tokens=d.policy_tokens, anchor_tokens=d.anchor_tokens,
+                         num_anchors=d.num_anchors)
     return jax.tree.map(lambda x: _sds((d.batch_size, *x.shape[1:]), x.dtype,
                                        shd.batch_sharding(mesh, x.ndim)), empty)
 
@@ -188,7 +188,7 @@ def abstract_round(config: ml_collections.ConfigDict, devices: Sequence[jax.Devi
                          generator_base=bases[Role.GENERATOR],
                          generator_explorer=reference(params[Role.GENERATOR],
                                                       config.generator.dtype)
-                         if rc.explorer_rubrics else None)
+                         if config.generator.explorer else None)
     rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated)
     return AbstractRound(method, setup, meshes, state, frozen,
                          abstract_batch(config, tokenizer, policy_mesh), rng,

@@ -129,7 +129,7 @@ def round_stages(rc: RoundConfig, shapes: RoundShapes, loc: Mapping[Role, Local]
     stages += [Stage(stage_key(u.role, 1), f"{u.role} update", update_phase(
         loc[u.role], params[u.role], u.rows, u.prompt_len, u.completion_len, rc.logprob_chunk,
         ways, rc.update_micro_batches, u.group if u.shared(rc) else 1,
-        forward_kl=rc.beta(u.role) > 0 and rc.kl(u.role) == "forward"))
+        forward_kl=rc.roles[u.role].beta > 0 and rc.roles[u.role].kl == "forward"))
         for u in shapes.updates]
     return stages
 
