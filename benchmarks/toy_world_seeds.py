@@ -34,7 +34,8 @@ import time
 from pathlib import Path
 
 from jaxrubric.toy.final_eval import mean_and_se
-from jaxrubric.toy.world import LEADS, RUNS, ToyWorldConfig, run_toy_world
+from jaxrubric.toy.world import ToyWorldConfig, run_toy_world
+from jaxrubric.toy.world_config import LEADS, RUNS
 
 
 def lead(summary: dict, a: str, b: str, key: str = "quality") -> tuple[float, float]:

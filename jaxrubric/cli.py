@@ -127,6 +127,9 @@ def _train(args: argparse.Namespace, overrides: Sequence[str]) -> int:
     if args.method:
         raise SystemExit("jaxrubric train: --method picks a toy world; with --config the "
                          "config's `method` key decides (--config.method=...)")
+    if args.from_scratch:
+        raise SystemExit("jaxrubric train: --from-scratch is the toy world's (its warm starts); "
+                         "a config's run starts from the checkpoints it names")
     from jaxrubric.config import load_config
     from jaxrubric.train import train
 
@@ -148,15 +151,14 @@ TOY_WORLDS = {
     "dynamic_rubric": ("jaxrubric.toy.world", "ToyWorldConfig", "run_toy_world", "toy_world",
                        2),
     "genrubric": ("jaxrubric.toy.genrubric_world", "GenRubricWorldConfig",
-                  "run_genrubric_world", "toy_genrubric", 1),
+                  "run_genrubric_world", "toy_genrubric", 2),
 }
 
 
 def default_toy_jobs(method: str) -> int:
-    """Worker processes of a toy world without `--jobs`. The DynamicRubric world's stages in two
-    workers on the 2-core box: 4 min 54 s against 5 min 37 s in one process, the same results
-    (its compiles run on one core while the other stage computes); the GenRubric world's
-    answerer dominates it, so it runs in this process."""
+    """Worker processes of a toy world without `--jobs`: two where there are two cores, for
+    each world's compared runs are independent stages (one stage's compile runs on one core
+    while the other stage computes; the results are the same)."""
     return min(TOY_WORLDS[method][4], os.cpu_count() or 1)
 
 
@@ -165,14 +167,15 @@ def _toy_world(args: argparse.Namespace, overrides: Sequence[str]) -> int:
     or GenRubric's)."""
     if overrides:
         raise SystemExit("--config.KEY=VALUE overrides need --config; the toy world takes "
-                         "--method, --seed, --rounds and --jobs")
+                         "--method, --seed, --rounds, --jobs and --from-scratch")
     rounds = {"rounds": args.rounds} if args.rounds else {}
     method = args.method or "dynamic_rubric"
     module, config_class, runner, workdir, _ = TOY_WORLDS[method]
     world = importlib.import_module(module)  # imported on use: it pulls in matplotlib & co
     getattr(world, runner)(args.workdir or workdir,
                            getattr(world, config_class)(seed=args.seed, **rounds),
-                           jobs=args.jobs or default_toy_jobs(method))
+                           jobs=args.jobs or default_toy_jobs(method),
+                           from_scratch=args.from_scratch)
     return 0
 
 
@@ -249,9 +252,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="toy world only: rounds of each compared run (0: the default)")
     train.add_argument("--jobs", type=int, default=0,
                        help="toy world only: run its independent stages side by side in this "
-                            "many processes (default: 2 for DynamicRubric's where there are 2 "
-                            "cores, else one after another in this process). The results are "
-                            "the same")
+                            "many processes (default: 2 where there are 2 cores, else one after "
+                            "another in this process). The results are the same")
+    train.add_argument("--from-scratch", action="store_true",
+                       help="toy world only: train the warm starts (and the stages before the "
+                            "compared runs) here instead of using the ones shipped with the "
+                            "package for the default seed")
     train.add_argument("--no-fallback", action="store_true",
                        help="stop when the newest checkpoint is damaged (default: report it, "
                             "move it aside and resume from the newest good one)")

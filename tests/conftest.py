@@ -30,7 +30,7 @@ import pytest  # noqa: E402
 from jaxrubric import sharding as shd  # noqa: E402
 
 
-# The two longest tests (the toy worlds, ~15 and ~4 minutes beside another worker).
+# The two longest tests (the toy worlds).
 WORLD_TESTS = ("tests/test_genrubric_toy.py::test_the_world",
                "tests/test_toy_world.py::test_toy_world")
 
@@ -53,20 +53,8 @@ def pytest_collection_modifyitems(config, items):
                   key=lambda item: not item.nodeid.startswith(WORLD_TESTS))
     fast = [i for i in items if not i.get_closest_marker("slow")]
     first, second = slow[0::2], slow[1::2]
-    if len(second) > 1 and second[0].nodeid.startswith(WORLD_TESTS):
-        # One slow test before the second world, which would otherwise wait idle for the
-        # verifier the first world's test is training for both (`shared_warm_starts.py`).
-        second[:2] = second[1::-1]
     cut = max(0, len(items) // 2 - len(first))
     items[:] = first + fast[:cut] + second + fast[cut:]
-
-
-@pytest.fixture(scope="session")
-def shared_warm_starts(tmp_path_factory):
-    """Where the toy-world tests keep the warm starts they share (`shared_warm_starts.py`):
-    one folder for all xdist workers (each has its own base under the run's)."""
-    base = tmp_path_factory.getbasetemp()
-    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,11 @@ from scipy import stats
 import jaxrubric
 from jaxrubric import sharding as shd
 from jaxrubric.toy import digits_task as task
-from jaxrubric.toy import final_eval, world
+from jaxrubric.toy import final_eval, world_report, world_runs
+from jaxrubric.toy.supervised import new_model
+from jaxrubric.toy.tokens import policy_prompt
+from jaxrubric.toy.workdir import prepare_workdir
+from jaxrubric.toy.world_config import LEADS, POLICY_TOKENS, RUNS, ToyWorldConfig
 
 
 def test_a_paired_lead_is_scipys_paired_t_statistic():
@@ -46,7 +50,7 @@ def test_a_paired_lead_needs_two_equal_lists_of_questions():
 def test_final_summary_keeps_each_runs_quality_and_the_asked_leads():
     per_question = {"coevolve": [1.0, 0.5, 0.75], "frozen": [0.5, 0.5, 0.5],
                     "oracle": [1.0, 1.0, 0.5]}
-    out = final_eval.final_summary(per_question, world.LEADS, samples=16)
+    out = final_eval.final_summary(per_question, LEADS, samples=16)
     assert out["samples"] == 16 and out["questions"] == 3
     assert out["quality"] == {"coevolve": 0.75, "frozen": 0.5, "oracle": pytest.approx(5 / 6)}
     assert out["quality_se"]["frozen"] == 0.0
@@ -62,7 +66,7 @@ def tiny_policies(tmp_path_factory):
     (a's weights nudged by noise of 2% of their spread)."""
     root = tmp_path_factory.mktemp("final_eval")
     tokenizer = jaxrubric.load_tokenizer(task.build_tokenizer(root / "tokenizer"))
-    model = world.new_model(tokenizer, shd.make_mesh({"fsdp": -1}), 0, hidden=16, layers=1)
+    model = new_model(tokenizer, shd.make_mesh({"fsdp": -1}), 0, hidden=16, layers=1)
     paths = {"a": jaxrubric.save_pretrained(model, root / "a")}
     graph, params, rest = nnx.split(model, nnx.Param, ...)
     leaves, tree = jax.tree.flatten(params)
@@ -77,11 +81,11 @@ def tiny_policies(tmp_path_factory):
 def test_one_key_gives_every_checkpoint_the_same_draws(tiny_policies):
     tokenizer, paths = tiny_policies
     questions = [task.make_prompt(random.Random(i))[0] for i in range(16)]
-    prompts = [world.policy_prompt(tokenizer, q) for q in questions]
+    prompts = [policy_prompt(tokenizer, q) for q in questions]
 
     def answers(name: str, seed: int) -> list[str]:
         rows = final_eval.sample_answers(paths[name], tokenizer, prompts, samples=4, seed=seed,
-                                         max_new_tokens=world.POLICY_TOKENS)
+                                         max_new_tokens=POLICY_TOKENS)
         assert len(rows) == 16 and all(len(row) == 4 for row in rows)
         return [a for row in rows for a in row]
 
@@ -97,19 +101,19 @@ def test_one_key_gives_every_checkpoint_the_same_draws(tiny_policies):
     assert shared >= 0.5 and apart <= 0.1, (shared, apart)
     quality = {name: final_eval.per_question_quality(
         paths[name], tokenizer, questions, prompts, task.quality, samples=4, seed=3,
-        max_new_tokens=world.POLICY_TOKENS) for name in ("a", "near")}
+        max_new_tokens=POLICY_TOKENS) for name in ("a", "near")}
     lead = final_eval.paired_lead(quality["a"], quality["near"])
     unpaired = math.hypot(*(final_eval.mean_and_se(q)[1] for q in quality.values()))
     assert lead.se < unpaired, (lead, unpaired)
 
 
 def test_the_worlds_final_stage_samples_every_run_with_one_key(tmp_path, monkeypatch):
-    """`world.final_evaluation` exports each run's policy and evaluates it with the same key
+    """`world_report.final_evaluation` exports each run's policy and evaluates it with the same key
     (the world's seed + FINAL_KEY_OFFSET), writes the per-question qualities, and the summary
     reads them; a rerun evaluates the current checkpoints again."""
-    cfg = world.ToyWorldConfig(eval_batch_size=4, final_samples=3, seed=5)
-    workdir, _ = world.prepare_workdir(tmp_path, cfg)
-    world.write_data(workdir, cfg)
+    cfg = ToyWorldConfig(eval_batch_size=4, final_samples=3, seed=5)
+    workdir, _ = prepare_workdir(tmp_path, cfg)
+    world_runs.write_data(workdir, cfg)
     calls = []
 
     def export(run_dir, role, out, oracle):
@@ -124,19 +128,19 @@ def test_the_worlds_final_stage_samples_every_run_with_one_key(tmp_path, monkeyp
 
     monkeypatch.setattr("jaxrubric.train.export", export)
     monkeypatch.setattr(final_eval, "per_question_quality", per_question_quality)
-    world.final_evaluation(workdir, cfg)
-    key = 5 + world.FINAL_KEY_OFFSET
-    assert calls == [(run, 3, key, world.POLICY_TOKENS, 4) for run in world.RUNS]
-    saved = json.loads((workdir / world.FINAL_FILE).read_text())
+    world_report.final_evaluation(workdir, cfg)
+    key = 5 + world_report.FINAL_KEY_OFFSET
+    assert calls == [(run, 3, key, POLICY_TOKENS, 4) for run in RUNS]
+    saved = json.loads((workdir / world_report.FINAL_FILE).read_text())
     assert saved["samples"] == 3 and saved["seed"] == key
     assert saved["per_question"]["frozen"] == pytest.approx([0.8, 0.81, 0.82, 0.83])
-    world.final_evaluation(workdir, cfg)
-    assert len(calls) == 2 * len(world.RUNS)
+    world_report.final_evaluation(workdir, cfg)
+    assert len(calls) == 2 * len(RUNS)
     # The summary's leads come from the file: a constant per-question difference of 0.1.
-    monkeypatch.setattr(world, "quality_curves", lambda w, runs: {
-        r: [{"round": 0, **dict.fromkeys(world.CURVES, 0.5)}] for r in runs})
-    monkeypatch.setattr(world, "plot", lambda *args: None)
-    final = world.summarize(workdir, cfg)["final"]
+    monkeypatch.setattr(world_report, "quality_curves", lambda w, runs: {
+        r: [{"round": 0, **dict.fromkeys(world_report.CURVES, 0.5)}] for r in runs})
+    monkeypatch.setattr(world_report, "plot", lambda *args: None)
+    final = world_report.summarize(workdir, cfg)["final"]
     assert final["leads"]["coevolve-frozen"]["mean"] == pytest.approx(0.1)
     assert final["leads"]["coevolve-frozen"]["se"] == pytest.approx(0.0, abs=1e-12)
     assert final["quality"]["oracle"] == pytest.approx(0.965)

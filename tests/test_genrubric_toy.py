@@ -14,8 +14,11 @@ import pytest
 from jaxrubric.data.loaders import load_healthbench
 from jaxrubric.eval.metrics import agreement_metrics
 from jaxrubric.toy import digits_task as task
+from jaxrubric.toy import genrubric_report as report
+from jaxrubric.toy import genrubric_warm_starts as gws
 from jaxrubric.toy import genrubric_world as gw
 from jaxrubric.toy import signed_rubrics as sr
+from jaxrubric.toy.genrubric_config import RUNS, GenRubricWorldConfig
 
 
 def test_the_expert_rubric_scores_answers_as_their_kept_digits_say():
@@ -103,14 +106,14 @@ def test_per_query_agreement_reads_the_verifier_scores_and_rejudges_with_the_che
            "scores": [[s, u, 0.0, s, e] for s, u, e in zip(judged(sound), judged(unsound),
                                                            expert)],
            "rubrics": [sound, unsound, [], sound]}
-    by_verifier = gw.per_query_agreement([row], runs=3)
-    by_checker = gw.per_query_agreement([row], runs=3, responses={"q": answers},
+    by_verifier = report.per_query_agreement([row], runs=3)
+    by_checker = report.per_query_agreement([row], runs=3, responses={"q": answers},
                                         prompts={"q": prompt})
     # The verifier here is the checker: both readings agree, over the two valid sampled runs.
     want = np.mean([agreement_metrics(judged(r), expert)["spearman"] for r in (sound, unsound)])
     assert by_verifier["spearman"] == pytest.approx([want])
     assert by_checker["spearman"] == pytest.approx([want])
-    interval = gw.paired_interval([0.5, 0.7, 0.6, None], [0.1, 0.2, 0.3, 0.0], seed=0,
+    interval = report.paired_interval([0.5, 0.7, 0.6, None], [0.1, 0.2, 0.3, 0.0], seed=0,
                                   resamples=500)
     assert interval["queries"] == 3 and interval["mean"] == pytest.approx(0.4)
     assert interval["low"] <= 0.4 <= interval["high"]
@@ -189,14 +192,14 @@ def test_method_picks_a_toy_world_and_is_refused_with_a_config(tmp_path):
         main(["train", "--method", "genrubric", "--config",
               str(ROOT / "configs" / "tiny_genrubric.py"), "--workdir", str(tmp_path)])
     with pytest.raises(ValueError, match="unknown GenRubric toy runs"):
-        gw.GenRubricWorldConfig(runs=("evolving", "frozen"))
+        GenRubricWorldConfig(runs=("evolving", "frozen"))
 
 
 def test_run_config_carries_the_worlds_sampling_advantage_and_response_defaults(
         tmp_path):
-    cfg = gw.GenRubricWorldConfig()
-    paths = gw.write_data(tmp_path, gw.GenRubricWorldConfig(eval_queries=2))
-    for name in gw.RUNS:
+    cfg = GenRubricWorldConfig()
+    paths = gw.write_data(tmp_path, GenRubricWorldConfig(eval_queries=2))
+    for name in RUNS:
         c = gw.run_config(name, tmp_path, paths, cfg).round
         assert (c.generator.temperature, c.policy.temperature, c.generator.advantage_mode,
                 c.policy.advantage_mode, c.induced_responses) == (
@@ -204,7 +207,7 @@ def test_run_config_carries_the_worlds_sampling_advantage_and_response_defaults(
             cfg.advantage_mode, cfg.induced_responses) == (0.7, 0.5, "no_std", "no_std", 2)
         assert c.shuffle_generator_credit == (name == "control")
     # A study's round override still wins over the world's own keys.
-    over = gw.GenRubricWorldConfig(round_overrides=(("generator.temperature", 1.0),))
+    over = GenRubricWorldConfig(round_overrides=(("generator.temperature", 1.0),))
     assert gw.run_config("evolving", tmp_path, paths, over).round.generator.temperature == 1.0
 
 
@@ -220,12 +223,12 @@ def test_the_answerer_trains_in_stages_until_it_follows_the_rubrics_it_is_shown(
                 answerer_stages=2)
 
     def stages(workdir, follows):
-        gw.warm_start("policy", workdir, tokenizer, mesh,
-                      gw.GenRubricWorldConfig(answerer_follows=follows, **tiny))
+        gws.warm_start("policy", workdir, tokenizer, mesh,
+                      GenRubricWorldConfig(answerer_follows=follows, **tiny))
         history = json.loads((workdir / "models" / "policy" / "sft_history.json").read_text())
         checks = [h for h in history if "follows_named_digits" in h]
         # The world's rubric-following stage reads the saved answerer's last check.
-        kept = json.loads((workdir / gw.FOLLOWING).read_text())
+        kept = json.loads((workdir / gws.FOLLOWING).read_text())
         assert kept["follows_named_digits"] == checks[-1]["follows_named_digits"]
         return [h["step"] for h in history], checks
 
@@ -244,39 +247,37 @@ def test_train_method_genrubric_runs_the_genrubric_world(tmp_path, monkeypatch):
 
     calls = []
     monkeypatch.setattr(gw, "run_genrubric_world",
-                        lambda workdir, cfg, jobs=None: calls.append((workdir, cfg)))
+                        lambda workdir, cfg, jobs=None, from_scratch=False:
+                        calls.append((workdir, cfg)))
     assert main(["train", "--method", "genrubric", "--seed", "3", "--rounds", "7",
                  "--workdir", str(tmp_path)]) == 0
-    assert calls == [(str(tmp_path), gw.GenRubricWorldConfig(seed=3, rounds=7))]
+    assert calls == [(str(tmp_path), GenRubricWorldConfig(seed=3, rounds=7))]
 
 
-# The defaults evaluated at the start and the end only, on 64 held-out queries. Over nine
-# training draws of the defaults (seeds 0/1/2, each with its warm starts trained three ways
-# that differ only in rounding: README) the rise at round 40 on the first 64 of their 128
-# held-out queries was +0.110 to +0.225 and the lead over the shuffled-credit control
-# +0.140 to +0.296: the test asks about half the smallest of each. (This world holds those 64
-# rows, but samples their rubrics in one batch of 64, so its evaluation is another draw: here
-# seed 0 rose +0.161 and led by +0.268.) Runs are deterministic on one machine; another CPU's
-# rounding is another draw.
-SHORT = gw.GenRubricWorldConfig(eval_every=40, eval_queries=64, bootstrap=1000)
+# The defaults evaluated at the start and the end only, on half the held-out queries, from the
+# warm starts shipped with the package (this config's start settings are the defaults',
+# `toy/warm_starts.py`). Over the training draws of the defaults (warm starts trained in ways
+# that differ only in rounding: README) the rise and the lead over the shuffled-credit control
+# on those queries were never below about twice what the test asks
+# (docs/toy_worlds_measured.md). Runs are deterministic on one machine; another CPU's rounding
+# is another draw.
+SHORT = GenRubricWorldConfig(eval_every=40, eval_queries=64, bootstrap=1000)
 
 
 @pytest.mark.slow
 def test_the_world_raises_agreement_above_its_control_and_recomputes_the_logged_one(
-        tmp_path, shared_warm_starts):
+        tmp_path):
     import dataclasses
     import subprocess
     import sys
 
-    from shared_warm_starts import give_verifier
     from xla_flags import as_a_user_runs
 
     from jaxrubric.train_loop import read_eval_history
 
     workdir = tmp_path / "genrubric"
-    give_verifier(shared_warm_starts, workdir, SHORT.verifier_world())
     over = {k: v for k, v in dataclasses.asdict(SHORT).items()
-            if v != getattr(gw.GenRubricWorldConfig(), k)}
+            if v != getattr(GenRubricWorldConfig(), k)}
     script = ("import json, sys\nfrom jaxrubric.toy import genrubric_world as gw\n"
               "gw.run_genrubric_world(sys.argv[1], gw.GenRubricWorldConfig(**json.loads("
               "sys.argv[2])))\n")
@@ -299,9 +300,9 @@ def test_the_world_raises_agreement_above_its_control_and_recomputes_the_logged_
                                                 "in_order"}
     assert summary["rubric_following"]["follows_named_digits"] > 0.8
     # The summary's verifier-judged agreement is the one the training loop logged.
-    for name in gw.RUNS:
+    for name in RUNS:
         logged = read_eval_history(workdir / "runs" / name)
-        for metric, key in gw.METRICS.items():
+        for metric, key in report.METRICS.items():
             for entry, value in zip(logged, summary[name][key]):
                 if f"eval/agreement/{metric}" in entry:
                     assert value == pytest.approx(entry[f"eval/agreement/{metric}"], abs=1e-9)

@@ -620,6 +620,23 @@ def test_roofline_bound_and_mfu_ceiling():
     assert roofline.round_seconds(bounds, {"policy rollout": "policy", "generator update":
                                            "generator", "policy update": "policy"}) == 2.0
     assert roofline.mfu_ceiling(459e12 * 4, 2.0, 4, chip) == 0.5
+    # Four chips doing a quarter of the work each did it once; each doing all of it, 4 times.
+    work = roofline.Work(model=100e12, once=400e12 / 3)
+    assert roofline.repeated(roofline.bound(Cost(100e12 / 3, 0.0), chip), work, 4) == 1.0
+    assert roofline.repeated(roofline.bound(Cost(400e12 / 3, 0.0), chip), work, 4) == 4.0
+
+
+def test_work_done_once_adds_what_remat_recomputes():
+    """A full-fine-tuning role's update (forward + backward = 3 forwards) recomputes each
+    layer's forward once under remat=full: 4/3 of its model FLOPs; a LoRA role's (2 forwards,
+    no weight gradients of the frozen base): 3/2; the dots policies keep the matmuls."""
+    from jaxrubric.models.config import LoraConfig, tiny_config
+    from jaxrubric.plan.compile import recompute
+
+    assert recompute(tiny_config("qwen3", remat="full")) == 4 / 3
+    assert recompute(tiny_config("qwen3", remat="full", lora=LoraConfig())) == 3 / 2
+    assert recompute(tiny_config("qwen3", remat="dots_saveable")) == 1.0
+    assert recompute(tiny_config("qwen3")) == 1.0
 
 
 def test_topology_arguments_give_clear_errors(capsys):
@@ -681,7 +698,8 @@ def test_tiny_round_compiled_for_a_tpu_slice():
     assert costs["unknown_loops"].flops == 0
     counted = hlo_cost.total(costs)
     assert counted.flops > 1.5 * compiled["xla_cost"]["flops"]  # the loops, counted in full
-    assert all(costs[s].flops >= compiled["model_flops"][s] / 4 for s in compiled["model_flops"])
+    assert all(costs[s].flops >= compiled["model_flops"][s].model / 4
+               for s in compiled["model_flops"])
 
 
 def test_the_forward_kl_adds_the_reference_hidden_states_and_two_logit_arrays():

@@ -14,7 +14,10 @@ from jaxrubric.rubric import grammar as grammar_lib
 from jaxrubric.rubric import templates as tpl
 from jaxrubric.rubric.verifier import verifier_readout
 from jaxrubric.toy import digits_task as task
-from jaxrubric.toy import world
+from jaxrubric.toy import tokens, world_runs, world_warm_starts
+from jaxrubric.toy.verifier_sft import verifier_examples
+from jaxrubric.toy.workdir import prepare_workdir
+from jaxrubric.toy.world_config import GENERATOR_REFERENCES, RUNS, ToyWorldConfig
 
 
 @pytest.fixture(scope="module")
@@ -148,11 +151,11 @@ def test_anchor_lists_need_room_for_both_mistakes():
 
 
 def test_teacher_rubrics_follow_the_grammar(tokenizer):
-    cfg = world.ToyWorldConfig()
+    cfg = ToyWorldConfig()
     grammar = grammar_lib.build_rubric_grammar(tokenizer, weights=range(1, 6),
                                                max_items=cfg.max_items,
                                                max_item_tokens=cfg.max_item_tokens)
-    prompts, targets = world.generator_examples(tokenizer, random.Random(0), 64, cfg)
+    prompts, targets = world_warm_starts.generator_examples(tokenizer, random.Random(0), 64, cfg)
     width = grammar.max_rubric_tokens
     tokens = np.full((len(targets), width), tokenizer.pad_token_id, np.int32)
     for i, t in enumerate(targets):
@@ -203,13 +206,13 @@ def test_no_stray_letter_is_written_by_a_template_or_an_item_word(tokenizer):
     """A stray letter in a role's prompt is always an answer's: the generator copies it from
     there, and a letter the template also writes ("a:") it could not tell apart."""
     question, answers = "big 381729", ["879"] * 4
-    texts = [tokenizer.decode(world.template_ids(template, tokenizer, *slots)) for template, slots
+    texts = [tokenizer.decode(tokens.template_ids(template, tokenizer, *slots)) for template, slots
              in ((tpl.dynamic_rubric_generator_template(tokenizer, 4, max_items=4,
                                                          style="compact"), (question, *answers)),
                  (tpl.dynamic_rubric_generator_template(tokenizer, 0, max_items=4,
                                                          style="compact"), (question,)),
                  (tpl.verifier_template(tokenizer, style="compact"), (question, "879", "has 8")))]
-    texts += [tokenizer.decode(world.policy_prompt(tokenizer, question)), "has omits yes no"]
+    texts += [tokenizer.decode(tokens.policy_prompt(tokenizer, question)), "has omits yes no"]
     for text in texts:
         written = set(text.replace("<|im_start|>", " ").replace("<|im_end|>", " "))
         assert not written & set(task.STRAY_LETTERS), (text, written & set(task.STRAY_LETTERS))
@@ -236,7 +239,7 @@ def test_a_focused_teacher_writes_its_first_items_about_the_contested_symbols():
 
 
 def _slot_texts(tokenizer, template, ids):
-    """The texts `world.template_ids` spliced into ``template``'s slots, read back from ids."""
+    """The texts `tokens.template_ids` spliced into ``template``'s slots, read back from ids."""
     texts, at = [], len(template.segments[0])
     for segment in template.segments[1:]:
         segment = list(segment)
@@ -248,10 +251,10 @@ def _slot_texts(tokenizer, template, ids):
 
 
 def test_the_answer_seeing_cold_start_looks_at_the_digits_its_answers_differ_on(tokenizer):
-    cfg = world.ToyWorldConfig()
+    cfg = ToyWorldConfig()
     template = tpl.dynamic_rubric_generator_template(tokenizer, cfg.num_responses,
                                                      max_items=cfg.max_items, style="compact")
-    prompts, targets = world.generator_examples(tokenizer, random.Random(0), 64, cfg)
+    prompts, targets = world_warm_starts.generator_examples(tokenizer, random.Random(0), 64, cfg)
     focused = 0
     for ids, target in zip(prompts, targets):
         question, *shown = _slot_texts(tokenizer, template, ids)
@@ -265,7 +268,7 @@ def test_the_answer_seeing_cold_start_looks_at_the_digits_its_answers_differ_on(
 
 
 def test_verifier_examples_are_balanced_and_labelled_by_the_checker(tokenizer):
-    prompts, targets = world.verifier_examples(tokenizer, random.Random(0), 200, stray=0.25)
+    prompts, targets = verifier_examples(tokenizer, random.Random(0), 200, stray=0.25)
     yes = tokenizer.encode("yes", add_special_tokens=False)
     assert sum(t == yes for t in targets) == 100
     template = tpl.verifier_template(tokenizer, style="compact")
@@ -296,7 +299,7 @@ def test_verifier_examples_are_balanced_and_labelled_by_the_checker(tokenizer):
 ])
 def test_toy_config_names_a_bad_choice(field, value, message):
     with pytest.raises(ValueError, match=message):
-        world.ToyWorldConfig(**{field: value})
+        ToyWorldConfig(**{field: value})
 
 
 def test_unknown_mistake_and_item_kinds_are_errors():
@@ -325,14 +328,15 @@ def test_only_the_compared_runs_evaluate_on_the_held_out_set(tmp_path):
     """The generators' own rounds skip held-out evaluation (the compared runs evaluate their
     result at round 0), so the stage compiles and runs no evaluation program; each compared run
     evaluates every `eval_every` rounds."""
-    cfg = world.ToyWorldConfig()
-    paths = world.write_data(tmp_path, cfg)
+    cfg = ToyWorldConfig()
+    paths = world_runs.write_data(tmp_path, cfg)
     for name in ("generator", "generator_static"):
-        c = world.run_config(name, tmp_path, paths, cfg, tmp_path / "models" / "generator_cold")
+        c = world_runs.run_config(name, tmp_path, paths, cfg,
+                                  tmp_path / "models" / "generator_cold")
         assert (c.data.eval, c.eval_every, c.rounds) == ("", 0, cfg.generator_rounds)
         assert c.round.policy.freeze
-    for name in world.RUNS:
-        c = world.run_config(name, tmp_path, paths, cfg, tmp_path / "models" / "generator")
+    for name in RUNS:
+        c = world_runs.run_config(name, tmp_path, paths, cfg, tmp_path / "models" / "generator")
         assert (c.data.eval, c.eval_every) == (str(paths["eval"]), cfg.eval_every)
 
 
@@ -342,12 +346,12 @@ def test_the_runs_of_one_generator_kind_differ_only_in_runtime_switches(tmp_path
     answer-seeing rubrics compile one round program, the static ones another (the compilation
     cache then serves it to each later run), and the 256 held-out prompts are evaluated in
     pieces of a round's 8."""
-    cfg = world.ToyWorldConfig()
-    paths = world.write_data(tmp_path, cfg)
+    cfg = ToyWorldConfig()
+    paths = world_runs.write_data(tmp_path, cfg)
     for names in (("generator", "coevolve", "frozen", "oracle"), ("generator_static", "static")):
         rounds = []
         for name in names:
-            c = world.run_config(name, tmp_path, paths, cfg, tmp_path / "models" / "generator")
+            c = world_runs.run_config(name, tmp_path, paths, cfg, tmp_path / "models" / "generator")
             assert c.round.runtime_switches and c.round.eval_micro_batches == 32
             r = c.round.to_dict()  # less the switches: the roles' freeze and the policy reward
             del r["policy"]["freeze"], r["generator"]["freeze"], r["policy_reward"]
@@ -359,10 +363,10 @@ def test_every_compared_run_trains_its_policy_alike(tmp_path):
     """The policy KL and advantage mode are the world's, in every compared run alike (a
     baseline trained otherwise would not be comparable); the generators' advantages keep the
     shared mode."""
-    cfg = world.ToyWorldConfig(policy_beta=0.07, policy_advantage_mode="batch_std")
-    paths = world.write_data(tmp_path, cfg)
-    for name in world.RUNS:
-        c = world.run_config(name, tmp_path, paths, cfg, tmp_path / "models" / "generator")
+    cfg = ToyWorldConfig(policy_beta=0.07, policy_advantage_mode="batch_std")
+    paths = world_runs.write_data(tmp_path, cfg)
+    for name in RUNS:
+        c = world_runs.run_config(name, tmp_path, paths, cfg, tmp_path / "models" / "generator")
         assert c.round.policy.beta == 0.07 and not c.round.policy.freeze
         assert (c.round.policy.advantage_mode, c.round.generator.advantage_mode) == (
             "batch_std", "group_std")
@@ -372,18 +376,18 @@ def test_a_cold_start_reference_reaches_the_trained_compared_generators_only(tmp
     """`generator_reference="cold_start"`: the co-evolving and static generators' KL reads
     their own cold start (not the generator they start from); the generators' own rounds
     start from it anyway, and the frozen and ground-truth runs train no generator."""
-    paths = world.write_data(tmp_path, world.ToyWorldConfig())
+    paths = world_runs.write_data(tmp_path, ToyWorldConfig())
     models = tmp_path / "models"
     want = {"coevolve": str(models / "generator_cold"),
             "static": str(models / "generator_cold_static"), "frozen": "", "oracle": "",
             "generator": "", "generator_static": ""}
-    for choice in world.GENERATOR_REFERENCES:
-        cfg = world.ToyWorldConfig(generator_reference=choice)
+    for choice in GENERATOR_REFERENCES:
+        cfg = ToyWorldConfig(generator_reference=choice)
         for name, reference in want.items():
-            c = world.run_config(name, tmp_path, paths, cfg, models / "generator")
+            c = world_runs.run_config(name, tmp_path, paths, cfg, models / "generator")
             assert c.generator.reference == (reference if choice == "cold_start" else ""), name
     with pytest.raises(ValueError, match="generator_reference 'sft' is not one of"):
-        world.ToyWorldConfig(generator_reference="sft")
+        ToyWorldConfig(generator_reference="sft")
 
 
 def test_item_signal_reads_which_sound_item_tells_the_answers_apart():
@@ -497,23 +501,23 @@ def test_checker_advantages_rank_the_rubric_that_splits_the_answers_and_agrees_w
 def test_a_workdir_built_with_another_config_is_refused_before_it_is_reused(tmp_path):
     """A workdir caches warm starts and runs; another config (a default changed since, an
     old workdir without a newer key) must not silently reuse them. Other `runs` and
-    `final_samples` (`world.REUSABLE_SETTINGS`) may."""
-    from jaxrubric.toy import genrubric_world as gw
+    `final_samples` (`workdir.REUSABLE_SETTINGS`) may."""
+    from jaxrubric.toy.genrubric_config import GenRubricWorldConfig
 
-    world.prepare_workdir(tmp_path, world.ToyWorldConfig())
-    world.prepare_workdir(tmp_path, world.ToyWorldConfig(runs=("oracle",)))  # adds runs only
+    prepare_workdir(tmp_path, ToyWorldConfig())
+    prepare_workdir(tmp_path, ToyWorldConfig(runs=("oracle",)))  # adds runs only
     # The final evaluation's samples: it is redone whenever the world runs, not cached.
-    world.prepare_workdir(tmp_path, world.ToyWorldConfig(final_samples=4))
+    prepare_workdir(tmp_path, ToyWorldConfig(final_samples=4))
     with pytest.raises(ValueError, match=r"another config \(policy_advantage_mode: 'no_std' "
                                          r"there, 'group_std' now\)"):
-        world.prepare_workdir(tmp_path, world.ToyWorldConfig(policy_advantage_mode="group_std"))
+        prepare_workdir(tmp_path, ToyWorldConfig(policy_advantage_mode="group_std"))
     saved = json.loads((tmp_path / "toy_config.json").read_text())
     del saved["policy_advantage_mode"]  # a workdir from before the key
     (tmp_path / "toy_config.json").write_text(json.dumps(saved))
     with pytest.raises(ValueError, match="policy_advantage_mode: '\\(not set\\)' there"):
-        world.prepare_workdir(tmp_path, world.ToyWorldConfig())
+        prepare_workdir(tmp_path, ToyWorldConfig())
     other = tmp_path / "genrubric"
-    gw_config = gw.GenRubricWorldConfig(eval_queries=4)
-    assert world.prepare_workdir(other, gw_config)[0] == other
+    gw_config = GenRubricWorldConfig(eval_queries=4)
+    assert prepare_workdir(other, gw_config)[0] == other
     with pytest.raises(ValueError, match="eval_queries: 4 there, 128 now"):
-        world.prepare_workdir(other, gw.GenRubricWorldConfig())
+        prepare_workdir(other, GenRubricWorldConfig())

@@ -96,31 +96,38 @@ def test_a_bad_graph_is_named(graph, message):
 
 def test_the_toy_worlds_graph(tmp_path):
     from jaxrubric.toy import world
+    from jaxrubric.toy.world_config import RUNS
+    from jaxrubric.toy.world_runs import run_generator
 
     graph = world.world_stages(tmp_path, world.ToyWorldConfig())
     stages.check_graph(graph)
     after = {s.name: s.after for s in graph}
     assert after["run: static"] == ("generator rounds: static",)
     assert after["run: coevolve"] == after["run: oracle"] == ("generator rounds",)
+    # The two runs that start first compile the two round programs, one each.
+    assert [s.name for s in graph if s.name.startswith("run: ")][:2] == [
+        "run: coevolve", "run: static"]
     # The stale evaluator: the generator's own rounds continued before the frozen run starts.
     assert after["run: frozen"] == ("generator rounds: stale",)
     assert after["generator rounds: stale"] == ("generator rounds",)
     unstale = world.world_stages(tmp_path, world.ToyWorldConfig(stale_rounds=0))
     assert {s.name: s.after for s in unstale}["run: frozen"] == ("generator rounds",)
     models = tmp_path / "models"
-    assert [world.run_generator(tmp_path, world.ToyWorldConfig(), name) for name in
+    assert [run_generator(tmp_path, world.ToyWorldConfig(), name) for name in
             ("coevolve", "frozen", "static", "oracle")] == [
         models / "generator", models / "generator_stale", models / "generator_static",
         models / "generator"]
-    assert world.run_generator(tmp_path, world.ToyWorldConfig(stale_rounds=0),
-                               "frozen") == models / "generator"
+    assert run_generator(tmp_path, world.ToyWorldConfig(stale_rounds=0),
+                         "frozen") == models / "generator"
     assert "warm start: generator_cold" in after["generator rounds"]
     # The final evaluation reads every run's last policy.
-    assert after["final evaluation"] == tuple(f"run: {name}" for name in world.RUNS)
+    assert after["final evaluation"] == tuple(f"run: {name}" for name in RUNS)
     no_static = world.world_stages(tmp_path, world.ToyWorldConfig(runs=("coevolve",)))
     assert [s.name for s in no_static] == [
         "warm start: verifier", "warm start: policy", "warm start: generator_cold",
         "generator rounds", "run: coevolve", "final evaluation"]
+    # The stages whose outputs the package ships: everything before the compared runs.
+    assert world.start_stages(tmp_path, world.ToyWorldConfig()) == graph[:len(graph) - 5]
 
 
 def test_train_passes_jobs_to_the_toy_world(tmp_path, monkeypatch):
@@ -128,18 +135,33 @@ def test_train_passes_jobs_to_the_toy_world(tmp_path, monkeypatch):
     from jaxrubric.toy import genrubric_world, world
 
     calls = []
-    monkeypatch.setattr(world, "run_toy_world",
-                        lambda workdir, cfg, jobs=None: calls.append((cfg.seed, jobs)))
-    monkeypatch.setattr(genrubric_world, "run_genrubric_world",
-                        lambda workdir, cfg, jobs=None: calls.append(("genrubric", jobs)))
+    monkeypatch.setattr(world, "run_toy_world", lambda workdir, cfg, jobs=None,
+                        from_scratch=False: calls.append((cfg.seed, jobs, from_scratch)))
+    monkeypatch.setattr(genrubric_world, "run_genrubric_world", lambda workdir, cfg, jobs=None,
+                        from_scratch=False: calls.append(("genrubric", jobs, from_scratch)))
     assert main(["train", "--jobs", "1", "--seed", "2", "--workdir", str(tmp_path)]) == 0
     assert main(["train", "--workdir", str(tmp_path)]) == 0
     assert main(["train", "--method", "genrubric", "--jobs", "3",
                  "--workdir", str(tmp_path)]) == 0
     assert main(["train", "--method", "genrubric", "--workdir", str(tmp_path)]) == 0
-    assert calls == [(2, 1), (0, default_toy_jobs("dynamic_rubric")), ("genrubric", 3),
-                     ("genrubric", 1)]
+    assert main(["train", "--from-scratch", "--workdir", str(tmp_path)]) == 0
+    assert main(["train", "--method", "genrubric", "--from-scratch",
+                 "--workdir", str(tmp_path)]) == 0
+    jobs = default_toy_jobs("dynamic_rubric"), default_toy_jobs("genrubric")
+    assert calls == [(2, 1, False), (0, jobs[0], False), ("genrubric", 3, False),
+                     ("genrubric", jobs[1], False), (0, jobs[0], True),
+                     ("genrubric", jobs[1], True)]
     assert default_toy_jobs("dynamic_rubric") == min(2, os.cpu_count())
+
+
+def test_from_scratch_is_the_toy_worlds_only(tmp_path):
+    from helpers import ROOT
+
+    from jaxrubric.cli import main
+
+    with pytest.raises(SystemExit, match="--from-scratch is the toy world's"):
+        main(["train", "--from-scratch", "--config",
+              str(ROOT / "configs" / "tiny_dynamic_rubric.py"), "--workdir", str(tmp_path)])
 
 
 def test_the_genrubric_worlds_graph(tmp_path):
@@ -151,3 +173,4 @@ def test_the_genrubric_worlds_graph(tmp_path):
     assert after["rubric following"] == ("warm start: policy",)
     assert set(after["run: control"]) == {"warm start: verifier", "warm start: policy",
                                           "warm start: generator_cold"}
+    assert gw.start_stages(tmp_path, gw.GenRubricWorldConfig()) == graph[:-2]

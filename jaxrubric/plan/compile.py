@@ -26,12 +26,13 @@ from jax.sharding import Mesh
 from jaxrubric import flops, placement
 from jaxrubric.methods.programs import round_program
 from jaxrubric.methods.shapes import round_dims
+from jaxrubric.models.config import ModelConfig
 from jaxrubric.plan import hlo_cost
 from jaxrubric.plan.abstract import AbstractRound, abstract_round
 from jaxrubric.plan.errors import PlanError
 from jaxrubric.plan.meshes import mesh_name, role_meshes, stage_key
 from jaxrubric.plan.report import GIB, table_unit, verdict
-from jaxrubric.plan.roofline import bound, format_roofline
+from jaxrubric.plan.roofline import Work, bound, format_roofline
 from jaxrubric.plan.topology import Chip
 from jaxrubric.roles import ROLES, Role
 
@@ -196,19 +197,32 @@ def compiled_memory(config: ml_collections.ConfigDict,
             "model_flops": _model_flops(built)}
 
 
-def _model_flops(built: AbstractRound) -> dict[str, float]:
-    """The round's model FLOPs (what training's MFU counts, `jaxrubric.flops`), per stage
-    program (`meshes.stage_key`)."""
+def _model_flops(built: AbstractRound) -> dict[str, Work]:
+    """The round's model FLOPs (what training's MFU counts, `jaxrubric.flops`) and its work
+    done once (`Work`), per stage program (`meshes.stage_key`)."""
     setup, batch = built.setup, built.batch
     shapes = built.method.round_shapes(setup.config, round_dims(setup, {
         "question": batch.question.tokens.shape, "policy": batch.policy.tokens.shape,
         "anchors": batch.anchors.tokens.shape}))
-    out: dict[str, float] = {}
+    out: dict[str, Work] = {}
     for name, value in flops.round_flops_by_stage(built.configs, setup.config, shapes).items():
         role, kind = name.split("/")
         key = stage_key(role, kind in ("update", "reference"))
-        out[key] = out.get(key, 0.0) + value
+        once = value * (recompute(built.configs[role]) if kind == "update" else 1.0)
+        out[key] = out.get(key, Work()) + Work(value, once)
     return out
+
+
+def recompute(model: ModelConfig) -> float:
+    """The factor rematerialisation puts on a trained role's update FLOPs: `remat=full`
+    recomputes each layer's forward once in the backward pass (forward + backward is 3
+    forwards, 2 for a LoRA role whose frozen base takes no weight gradients); the `dots_*`
+    policies keep the matmuls' results (their recomputation is element-wise work, which model
+    FLOPs do not count)."""
+    if model.remat != "full":
+        return 1.0
+    passes = 3.0 if model.lora is None else 2.0
+    return (passes + 1.0) / passes
 
 
 def _device_bytes(x: Any) -> int:

@@ -38,6 +38,23 @@ def bound(cost: Cost, chip: Chip) -> Bound:
     return Bound(cost, cost.flops / chip.peak_flops, cost.bytes / chip.hbm_bandwidth)
 
 
+class Work(NamedTuple):
+    """A stage's work over all chips: its model FLOPs (`jaxrubric.flops`, what MFU counts),
+    and its work done once: the model FLOPs plus the recomputation its remat policy asks for.
+    The chips' FLOPs together over `once` is near 1 when no chip repeats another's rows."""
+
+    model: float = 0.0
+    once: float = 0.0
+
+    def __add__(self, other: Work) -> Work:  # type: ignore[override]
+        return Work(self.model + other.model, self.once + other.once)
+
+
+def repeated(bound: Bound, work: Work, chips: int) -> float:
+    """The chips' FLOPs together over the stage's work done once."""
+    return bound.cost.flops * chips / work.once if work.once else float("nan")
+
+
 def round_seconds(bounds: Mapping[str, Bound], meshes: Mapping[str, str] | None = None
                   ) -> float:
     """The round's bound: its stages one after another, except the updates of roles on
@@ -58,23 +75,25 @@ def mfu_ceiling(model_flops: float, seconds: float, chips: int, chip: Chip) -> f
     return model_flops / (seconds * chips * chip.peak_flops)
 
 
-def format_roofline(bounds: Mapping[str, Bound], model_flops: Mapping[str, float], chips: int,
+def format_roofline(bounds: Mapping[str, Bound], work: Mapping[str, Work], chips: int,
                     chip: Chip, meshes: Mapping[str, str] | None = None) -> str:
     """Per stage: XLA's TFLOPs and GB per chip, the compute and memory times, the bound and
-    which binds, the model TFLOPs over all chips; then the round's bound and MFU ceiling."""
+    which binds, the model TFLOPs over all chips and the chips' FLOPs together over the work
+    done once (`repeated`); then the round's bound and MFU ceiling."""
     head = (f"Roofline on {chip.kind} ({chip.peak_flops / 1e12:.0f} TFLOP/s bf16, "
             f"{chip.hbm_bandwidth / 1e9:,.0f} GB/s HBM per chip), from XLA's FLOPs and bytes "
             "per chip: a lower bound on time, not a measurement")
     w = 30
     lines = [head, f"{'stage':<{w}}{'TFLOP':>9}{'GB':>9}{'compute s':>11}{'memory s':>10}"
-                   f"{'bound s':>9}  {'binds':<8}{'model TFLOP':>12}"]
+                   f"{'bound s':>9}  {'binds':<8}{'model TFLOP':>12}{'x chips/once':>13}"]
     for stage, b in bounds.items():
-        model = model_flops.get(stage)
+        done = work.get(stage)
         lines.append(f"{stage:<{w}}{b.cost.flops / 1e12:>9.2f}{b.cost.bytes / 1e9:>9.1f}"
                      f"{b.compute_s:>11.3f}{b.memory_s:>10.3f}{b.seconds:>9.3f}  {b.binds:<8}"
-                     + ("" if model is None else f"{model / 1e12:>12.1f}"))
+                     + ("" if done is None else f"{done.model / 1e12:>12.1f}"
+                        f"{repeated(b, done, chips):>13.2f}"))
     seconds = round_seconds(bounds, meshes)
-    total_model = sum(model_flops.values())
+    total_model = sum(w.model for w in work.values())
     lines.append(f"round: at least {seconds:.2f} s on {chips} chips; MFU at most "
                  f"{mfu_ceiling(total_model, seconds, chips, chip):.0%} "
                  f"({total_model / 1e12:,.0f} model TFLOP)")

@@ -22,13 +22,12 @@ from typing import NamedTuple
 
 import jax
 
-from jaxrubric import mfu
+from jaxrubric import cuda_plugin, mfu
 from jaxrubric.plan.errors import PlanError
 
 GPU_NAME = re.compile(r"\d+\s*x\s*[a-z]*\d+.*", re.IGNORECASE)  # 8xH100, 4xA100-80GB
 GPU_TARGETS = {"H100": "h100_sxm.txtpb", "H200": "h200_sxm.txtpb", "A100": "a100_sxm_80gb.txtpb"}
 MAX_GPUS = 8  # one host: the GPUs of one NVLink domain (HGX)
-CUDA_PLUGIN = "jax_plugins.xla_cuda12"
 
 
 class Chip(NamedTuple):
@@ -81,17 +80,9 @@ def devices(name: str) -> list[jax.Device]:
     return tpu_devices(name) if target is None else gpu_devices(target)
 
 
-def cuda_plugin_installed() -> bool:
-    """Whether JAX's CUDA plugin (`jax-cuda12-plugin`) is importable."""
-    try:
-        return importlib.util.find_spec(CUDA_PLUGIN) is not None
-    except ModuleNotFoundError:  # no `jax_plugins` namespace at all
-        return False
-
-
 def gpu_devices(target: GpuTarget) -> list[jax.Device]:
     """`target`'s GPUs as compile-only devices (the CUDA plugin's topology)."""
-    if not cuda_plugin_installed():
+    if not cuda_plugin.installed():
         raise PlanError(f"--topology {target.count}x{target.model} compiles with XLA's GPU "
                         "compiler, which the CUDA plugin provides: pip install -e '.[gpu-plan]'")
     # The plugin checks the CUDA libraries when JAX loads it, unless told not to; compiling

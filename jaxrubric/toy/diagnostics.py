@@ -33,9 +33,12 @@ from jaxrubric.data import load_healthbench, prompt_text
 from jaxrubric.rubric import templates as tpl
 from jaxrubric.toy import digits_task as task
 from jaxrubric.toy import final_eval
-from jaxrubric.toy import genrubric_world as gw
 from jaxrubric.toy import signed_rubrics as sr
-from jaxrubric.toy import world
+from jaxrubric.toy.genrubric_report import read_scores
+from jaxrubric.toy.tokens import policy_prompt, template_ids
+from jaxrubric.toy.verifier_sft import verifier_examples
+from jaxrubric.toy.world_config import STATIC_RUNS
+from jaxrubric.toy.world_runs import held_out_rows
 
 
 def verifier_accuracy(workdir: str | Path, n: int = 512, seed: int = 1234,
@@ -47,8 +50,7 @@ def verifier_accuracy(workdir: str | Path, n: int = 512, seed: int = 1234,
     workdir = Path(workdir)
     tokenizer = jaxrubric.load_tokenizer(workdir / "tokenizer")
     model = jaxrubric.load_pretrained(workdir / "models" / "verifier")
-    prompts, targets = world.verifier_examples(tokenizer, random.Random(seed), n, malformed,
-                                                stray)
+    prompts, targets = verifier_examples(tokenizer, random.Random(seed), n, malformed, stray)
     template = tpl.verifier_template(tokenizer, style="compact")
     from jaxrubric.rubric.verifier import verifier_readout, yes_probability
     readout = verifier_readout(tokenizer, template)
@@ -76,9 +78,9 @@ def _policy_answers(workdir: Path, run: str | None, samples: int, seed: int,
         model_dir = workdir / "exported" / run
         if not (model_dir / "config.json").exists():
             export(workdir / "runs" / run, "policy", model_dir, oracle=task.oracle_reward)
-    rows = world.held_out_rows(workdir)[:questions]
-    prompts = [world.policy_prompt(tokenizer, r["prompt"]) for r in rows]
-    # 8 new tokens (a round allows `world.POLICY_TOKENS`): the diagnostics' figures in the
+    rows = held_out_rows(workdir)[:questions]
+    prompts = [policy_prompt(tokenizer, r["prompt"]) for r in rows]
+    # 8 new tokens (a round allows `world_config.POLICY_TOKENS`): the diagnostics' figures in the
     # README and the docstrings were measured so; a longer answer is rare, and cut short here.
     return list(zip(rows, final_eval.sample_answers(model_dir, tokenizer, prompts,
                                                     samples=samples, seed=seed,
@@ -174,7 +176,7 @@ def _sampled_rubrics(workdir: Path, run: str | None, questions: int, seed: int, 
 
     cfg = json.loads((workdir / "toy_config.json").read_text())
     tokenizer = jaxrubric.load_tokenizer(workdir / "tokenizer")
-    static = run in world.STATIC_RUNS
+    static = run in STATIC_RUNS
     generator_dir = workdir / "models" / ("generator_static" if static else "generator")
     if run is not None:
         generator_dir = workdir / "exported" / f"{run}_generator"
@@ -203,7 +205,7 @@ def _written_rubrics(generator_dir: Path, tokenizer, cfg: dict,
                                    max_items=cfg["max_items"],
                                    max_item_tokens=cfg["max_item_tokens"])
     out = generate(jaxrubric.load_pretrained(generator_dir),
-                   [world.template_ids(template, tokenizer, prompt, *answers)
+                   [template_ids(template, tokenizer, prompt, *answers)
                     for prompt, answers in shown],
                    max_new_tokens=grammar.max_rubric_tokens, rng=key, num_samples=groups,
                    grammar=grammar, pad_id=tokenizer.pad_token_id)
@@ -346,11 +348,9 @@ def generator_aim(workdir: str | Path, generator: str | Path = "models/generator
     fresh questions, each shown K answers with a digit or more they differ on (the cold
     start's teacher answers, `digits_task.policy_warm_start_answer` with "flips"): does it
     write items about what its shown answers differ on, the only items that can tell them
-    apart? Its SFT teacher puts those first; stop 38 found the 180-step cold start at chance
-    (0.38 of its in-language items contested against 0.57) and half out of the language.
-    `stray`: that share of the shown answers hold a stray letter (`names_the_letter`; stop 40's
-    cold start, with letters its template also writes, named the one shown in 13% of its
-    rubrics, seed 0)."""
+    apart? Its SFT teacher puts those first; a cold start trained too short aims at chance
+    (`contested` no higher than `chance`) and writes much out of the language. `stray`: that
+    share of the shown answers hold a stray letter (`names_the_letter`)."""
     workdir = Path(workdir)
     cfg = json.loads((workdir / "toy_config.json").read_text())
     rng = random.Random(seed)
@@ -441,7 +441,7 @@ def rubric_coverage(workdir: str | Path, run: str = "evolving") -> dict[int, dic
     prompts = {r.id: prompt_text(r.messages)
                for r in load_healthbench(workdir / "data" / "eval.jsonl").records}
     coverage = {}
-    for round_, rows in gw.read_scores(workdir / "runs" / run).items():
+    for round_, rows in read_scores(workdir / "runs" / run).items():
         out: dict[str, list[float]] = defaultdict(list)
         for row in rows:
             prompt = prompts[row["id"]]

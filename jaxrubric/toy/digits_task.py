@@ -52,11 +52,9 @@ POLICY_MISTAKES = ("flips", "keeps_small")  # the kinds of warm-start mistake
 # The letters a policy may write by mistake and the criterion language may name: none of the
 # letters of the roles' templates and items ("rubric for: big", "a:", "q:", "c:", "has",
 # "omits", "yes", "no"), so that the only letter a generator's prompt holds outside its
-# words is an answer's stray one. With every other letter (stop 40) the answer-seeing
-# generator's cold start named the letter its shown answers held in 13% of its rubrics
-# (`diagnostics.generator_aim(w, stray=0.25)`, seed 0; its teacher: 73%); without those
-# letters, in 48% at the same 500 supervised steps, and in 55-66% at 1000 (seeds 0-2;
-# `ToyWorldConfig.generator_steps`).
+# words is an answer's stray one. With every other letter the answer-seeing generator's cold
+# start seldom named the letter its shown answers held (`diagnostics.generator_aim(w,
+# stray=0.25)`); without those letters it learned to read it off them.
 STRAY_LETTERS = "djklpvwxz"
 SYMBOLS = DIGITS + STRAY_LETTERS  # what a criterion can be about
 SOUND_KINDS = ("both", "omits")  # the kinds of sound item a cold-start rubric uses
@@ -259,7 +257,7 @@ def _covering_answers(prompt: str, rng: random.Random, count: int) -> list[str]:
     one and earns less anchor reward. With random noisy anchors the generator's rounds against
     a policy that never dropped a big digit erased its ``has <big>`` items (they pass every
     such answer, so discriminability prunes them). Measured in the toy world, covering anchors
-    alone do not keep those items either (README, issue 12)."""
+    alone do not keep those items either (README)."""
     if count < 3:
         raise ValueError(f"num_anchors {count}: the anchor lists need the correct answer and "
                          "one of each kind of mistake (3 or more)")

@@ -1,15 +1,14 @@
 """The compared runs' last policies evaluated side by side, their differences paired by question.
 
 Each run's training-time evaluation samples 4 answers per held-out question, and a difference
-between two runs read off those summaries is as noisy as two independent evaluations (stop 42:
-±0.013 at 95% for two runs near 0.95). But the runs answer the same questions, and with the
-same sampling draws (row r's step s reads the uniform `fold_in(fold_in(key, r), s)` whatever
-the policy, `jaxrubric.sampling`), so where two policies agree they write the same answer:
-the per-question qualities of two runs' last policies correlate (0.84 between the co-evolving
-and the frozen run of seed 2, stop 42), and the standard error of their difference, paired by
-question, is 2.4 times smaller there than the independent one. This module samples every
-run's last policy on every held-out question `samples` times with one key (common random
-numbers) and scores the answers with the checker.
+between two runs read off those summaries is as noisy as two independent evaluations. But the
+runs answer the same questions, and with the same sampling draws (row r's step s reads the
+uniform `fold_in(fold_in(key, r), s)` whatever the policy, `jaxrubric.sampling`), so where two
+policies agree they write the same answer: the per-question qualities of two runs' last
+policies correlate, and the standard error of their difference, paired by question, is
+several times smaller than the independent one. This module samples every run's last policy on
+every held-out question `samples` times with one key (common random numbers) and scores the
+answers with the checker.
 """
 
 from __future__ import annotations

@@ -2,17 +2,13 @@
 run side by side in worker processes.
 
 A toy model keeps one to one and a half cores busy (its matmuls are too small for XLA to spread
-further: on an idle 2-core box the DynamicRubric world ran 7m51s of wall clock for 11m09s of
-user time), so on a machine with more cores, independent stages can run side by side. Each
+further), so on a machine with more cores, independent stages can run side by side. Each
 stage is seeded by itself and reads only what the stages it depends on saved in the workdir, so
 running them in parallel changes no result, only the wall-clock time. `jobs=1` (the worlds'
-default) runs them in this process, in order. On this project's 2-core box two workers once did
-not help (the default DynamicRubric world 7.6 minutes against 7.9, when every run compiled its
-own round); with one round program shared by the runs they do (4 min 54 s against 5 min 37 s,
-idle box: a compile keeps one core busy while the other stage computes), so `jaxrubric train`
-takes 2 for that world (`cli.default_toy_jobs`). Worker processes
-are spawned, so a script that runs a world with `jobs > 1` must do so under
-`if __name__ == "__main__":`.
+default) runs them in this process, in order. Even on two cores two workers help once the runs
+share their compiled round programs: a compile keeps one core busy while the other stage
+computes (`cli.default_toy_jobs`). Worker processes are spawned, so a script that runs a world
+with `jobs > 1` must do so under `if __name__ == "__main__":`.
 
 With workers, each stage's output (progress bars, logs) goes to `<log_dir>/<stage>.log`, and
 this process prints a line as each stage starts and ends. A SIGTERM to this process is passed
