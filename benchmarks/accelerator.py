@@ -41,14 +41,19 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
-from flax import nnx
-
 import round_stages  # benchmarks/ is on the path when run as `python benchmarks/NAME.py`
+from flax import nnx
 
 import jaxrubric
 from jaxrubric import flops, mfu, sampling
 from jaxrubric import sharding as shd
-from jaxrubric.methods import DYNAMIC_RUBRIC, core
+from jaxrubric.methods import DYNAMIC_RUBRIC
+from jaxrubric.methods.batches import encode_batch
+from jaxrubric.methods.data import Frozen, RoundState
+from jaxrubric.methods.dynamic_rubric import DynamicRubricConfig
+from jaxrubric.methods.round_config import RoleConfig
+from jaxrubric.methods.setup import init_state
+from jaxrubric.methods.shapes import round_dims
 from jaxrubric.methods.update import role_update_stage
 from jaxrubric.plan.models import KNOWN_ARCHITECTURES
 from jaxrubric.roles import ROLES, TRAINED, Role
@@ -214,7 +219,7 @@ def decode_rows(model, work: Work, repeats: int, device_kind: str, key) -> tuple
     return [decode, ceiling], (tokens, mask, run(*args))
 
 
-def update_row(setup, state: core.RoundState, frozen: core.Frozen, decoded, work: Work,
+def update_row(setup, state: RoundState, frozen: Frozen, decoded, work: Work,
                cfg, repeats: int) -> Row:
     """The policy's GRPO update on the decode rows (each prompt under its K samples)."""
     p, k = work.prompts, work.samples
@@ -233,11 +238,11 @@ def update_row(setup, state: core.RoundState, frozen: core.Frozen, decoded, work
         forward = flops.teacher_forced_flops(cfg, rows=p * k, prompt_len=work.prompt_len,
                                              completion_len=work.new_tokens)
         tokens = p * k * (work.prompt_len + work.new_tokens)
-    passes = 3 * setup.config.num_updates + (setup.config.policy_beta > 0)
+    passes = 3 * setup.config.num_updates + (setup.config.policy.beta > 0)
     shared = ", prompts shared" if setup.config.share_prefix else ""
     return Row("policy GRPO update (`role_update_stage`)", f"{p * k} rows, prompt "
                f"{work.prompt_len} + completion {work.new_tokens}{shared}, beta "
-               f"{setup.config.policy_beta}, {setup.config.num_updates} AdamW step",
+               f"{setup.config.policy.beta}, {setup.config.num_updates} AdamW step",
                timed(update, args, repeats), tokens=tokens,
                flops=passes * forward, note="3x forward + the reference forward")
 
@@ -273,7 +278,7 @@ def round_rows(setup, models, state, frozen, batch, repeats: int) -> list[Row]:
         rows.append(Row(f"round: {name}", "this prefix of the round minus the one before",
                         Timing(total.first_s, total.best_s - previous.best_s)))
         previous = total
-    dims = core.round_dims(setup, {"question": batch.question.tokens.shape,
+    dims = round_dims(setup, {"question": batch.question.tokens.shape,
                                    "policy": batch.policy.tokens.shape,
                                    "anchors": batch.anchors.tokens.shape})
     round_flops = flops.round_flops({r: models[r].config for r in ROLES}, setup.config,
@@ -290,23 +295,23 @@ def build_round(cfg, tokenizer, mesh, work: Work):
     weights (the verifier and both KL references are that model's weights) and a batch."""
     model = shd.shard_model(jaxrubric.init_model(cfg, seed=0), mesh)
     models = dict.fromkeys(ROLES, model)
-    config = core.RoundConfig(
-        num_responses=work.round_responses, num_rubrics=work.round_rubrics,
-        response_tokens=work.response_tokens, policy_beta=0.04, generator_beta=0.04,
-        logprob_chunk=min(64, work.new_tokens))
+    config = DynamicRubricConfig(num_responses=work.round_responses, num_rubrics=work.round_rubrics,
+                                 response_tokens=work.response_tokens,
+                                 logprob_chunk=min(64, work.new_tokens),
+                                 policy=RoleConfig(beta=0.04), generator=RoleConfig(beta=0.04))
     setup = DYNAMIC_RUBRIC.build_setup(
         config, tokenizer, models, optimizers={r: optax.adamw(1e-6) for r in TRAINED},
         max_items=work.round_items, max_item_tokens=work.round_item_tokens)
     params = nnx.state(model, nnx.Param)
-    frozen = core.Frozen(verifier=params, policy_ref=params, generator_ref=params)
+    frozen = Frozen(verifier=params, policy_ref=params, generator_ref=params)
     b = work.round_batch
-    host = core.encode_batch(
+    host = encode_batch(
         tokenizer, [QUESTIONS[i % len(QUESTIONS)] for i in range(b)],
         [ANCHORS[i % len(ANCHORS)] for i in range(b)], prompt_tokens=work.question_tokens,
         policy_tokens=work.policy_tokens, anchor_tokens=work.anchor_tokens,
         num_anchors=max(map(len, ANCHORS)))
     batch = jax.tree.map(lambda v: jax.device_put(v, shd.batch_sharding(mesh, v.ndim)), host)
-    return model, models, setup, core.init_state(setup, models), frozen, batch
+    return model, models, setup, init_state(setup, models), frozen, batch
 
 
 def main(argv: list[str] | None = None) -> list[str]:

@@ -60,7 +60,9 @@ from flax import nnx
 from timing import first_and_best
 
 import jaxrubric
-from jaxrubric.methods import core
+from jaxrubric.methods.data import RoleState, trainable
+from jaxrubric.methods.round_config import RoleConfig, RoundConfig
+from jaxrubric.methods.setup import RoleSpec
 from jaxrubric.methods.update import completion_logprobs, grpo_role_update
 from jaxrubric.sampling import generate
 
@@ -125,7 +127,7 @@ def jaxrubric_iteration(model: jaxrubric.Decoder, work: Work, repeats: int,
                         shared: bool) -> Timing:
     """`grpo_role_update` on the work's rows (`shared`: each prompt once under its K
     completions), the state carried from call to call as in training."""
-    graph, params = nnx.graphdef(model), nnx.state(model, core.trainable(model))
+    graph, params = nnx.graphdef(model), nnx.state(model, trainable(model))
     prompt = jnp.asarray(np.repeat(work.prompts, SAMPLES, axis=0))
     completion = jnp.asarray(work.completions)
     ones = jnp.ones_like(completion, bool)
@@ -138,12 +140,12 @@ def jaxrubric_iteration(model: jaxrubric.Decoder, work: Work, repeats: int,
         inputs = (jnp.asarray(work.prompts), jnp.ones(work.prompts.shape, bool),
                   *map(by_prompt, inputs[2:]))
     optimizer = optax.adamw(LR)
-    spec = core.RoleSpec(graph, optimizer, beta=BETA, compiled_out=False)
-    cfg = core.RoundConfig(policy_beta=BETA, logprob_chunk=NEW)
+    spec = RoleSpec(graph, optimizer, RoleConfig(beta=BETA), compiled_out=False)
+    cfg = RoundConfig(logprob_chunk=NEW, policy=RoleConfig(beta=BETA))
     update = jax.jit(lambda state, ref: grpo_role_update(
         cfg, spec, state, None, ref, *inputs, jax.random.key(0))[0], donate_argnums=0)
     trained = jax.tree.map(jnp.copy, params)  # donated: the model's own weights stay
-    state = [core.RoleState(trained, optimizer.init(trained))]
+    state = [RoleState(trained, optimizer.init(trained))]
 
     def step():
         state[0] = jax.block_until_ready(update(state[0], params))

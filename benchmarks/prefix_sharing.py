@@ -34,7 +34,10 @@ from verifier import analytic_flops
 
 import jaxrubric
 from jaxrubric import flops
-from jaxrubric.methods import core, update
+from jaxrubric.methods import update
+from jaxrubric.methods.data import RoleState
+from jaxrubric.methods.round_config import RoleConfig, RoundConfig
+from jaxrubric.methods.setup import RoleSpec
 from jaxrubric.rubric import dense_tree
 from jaxrubric.rubric import verifier as V
 
@@ -71,10 +74,10 @@ def _update(model, prompts: int, prompt_len: int, samples: int, length: int, sha
                   *(rows(x) for x in inputs[2:]))
     graph, params = nnx.split(model, nnx.Param)
     opt = optax.adamw(1e-5)
-    spec = core.RoleSpec(graph, opt, beta=0.0, compiled_out=False)
-    cfg = core.RoundConfig(logprob_chunk=128)
+    spec = RoleSpec(graph, opt, RoleConfig(beta=0.0), compiled_out=False)
+    cfg = RoundConfig(logprob_chunk=128)
     step = jax.jit(lambda p, o: update.grpo_role_update(
-        cfg, spec, core.RoleState(p, o), None, None, *inputs, jax.random.key(0))[0])
+        cfg, spec, RoleState(p, o), None, None, *inputs, jax.random.key(0))[0])
     return step, (params, opt.init(params))
 
 

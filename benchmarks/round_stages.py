@@ -7,9 +7,9 @@ with both GRPO updates) and reports each stage as the difference of consecutive 
 to its share of the model FLOPs (`jaxrubric.flops.round_flops_by_stage`).
 
 A second table compares the round as `jaxrubric train` runs it, one compiled program
-(`core.make_round_step`), with the same stages run as programs of their own: the sub-mesh
-placement (`placement.SubMeshes`, one program per stage) with every role on the whole mesh.
-Both donate the state, as in training; every timed round starts from a copy of the same
+(`methods.programs.make_round_step`), with the same stages run as programs of their own: the
+sub-mesh placement (`placement.SubMeshes`, one program per stage) with every role on the
+whole mesh. Both donate the state, as in training; every timed round starts from a copy of the same
 state (so every round is the same work), and the two forms alternate (A, B, A, B, ...) so
 that load on a shared box hits both alike. Both also compute one round from the same state,
 batch and key; the line under the table says whether they agree (metrics, outputs, updates).
@@ -29,17 +29,20 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 from timing import best_time, load_average, load_note
 
 from jaxrubric import flops, placement
 from jaxrubric.config import load_config
-from jaxrubric.methods import DYNAMIC_RUBRIC, core, dynamic_rubric
+from jaxrubric.methods import DYNAMIC_RUBRIC, dynamic_rubric
+from jaxrubric.methods.data import RoundState
+from jaxrubric.methods.programs import make_round_step, make_submesh_round_step
+from jaxrubric.methods.setup import RoundSetup
+from jaxrubric.methods.shapes import round_dims
 from jaxrubric.roles import ROLES, TRAINED, Role
 from jaxrubric.train import CoevolveTask
 
 
-def prefixes(setup: core.RoundSetup):
+def prefixes(setup: RoundSetup):
     """The round's growing prefixes, built from its own stages, each returning something that
     depends on all its work."""
     run = placement.colocated(setup)
@@ -66,18 +69,18 @@ def round_steps(task: CoevolveTask) -> dict:
     """The round as one program (what `jaxrubric train` runs on one mesh) and as its stages in
     programs of their own: `placement.SubMeshes` with every role on the task's mesh, so no
     array moves and only the program boundaries differ."""
-    one = core.make_round_step(task.setup, task.frozen, task.method.round)
+    one = make_round_step(task.setup, task.frozen, task.method.round)
     staged = placement.SubMeshes(task.setup, dict.fromkeys(ROLES, task.mesh))
-    separate = core.make_submesh_round_step(task.setup, task.frozen, staged, task.method.round)
+    separate = make_submesh_round_step(task.setup, task.frozen, staged, task.method.round)
     return {"one program": one, "separate programs": separate}
 
 
-def fresh(state: core.RoundState) -> core.RoundState:
+def fresh(state: RoundState) -> RoundState:
     """A copy of `state` with its shardings, for a step that donates it."""
     return jax.tree.map(lambda x: jax.device_put(jnp.copy(x), x.sharding), state)
 
 
-def trained_params(state: core.RoundState) -> dict:
+def trained_params(state: RoundState) -> dict:
     return {role: np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in
                                   jax.tree.leaves(jax.device_get(state.role(role).params))])
             for role in TRAINED}
@@ -88,7 +91,7 @@ METRIC_RTOL, METRIC_ATOL, OUTPUT_RTOL, OUTPUT_ATOL = 1e-3, 1e-5, 1e-4, 1e-6
 UPDATE_RTOL = {Role.POLICY: 1e-3, Role.GENERATOR: 1e-2}
 
 
-def compare_rounds(steps: dict, state: core.RoundState, batch, rng) -> str:
+def compare_rounds(steps: dict, state: RoundState, batch, rng) -> str:
     """One round of each step from copies of `state` with the same batch and key: a sentence
     saying whether they agree (metrics, outputs, each trained role's update)."""
     initial = trained_params(state)
@@ -134,7 +137,7 @@ def compare_rounds(steps: dict, state: core.RoundState, batch, rng) -> str:
             f"{worst:.1e} relative); {moved}.")
 
 
-def interleaved(steps: dict, state: core.RoundState, batch, rng, repeats: int) -> dict:
+def interleaved(steps: dict, state: RoundState, batch, rng, repeats: int) -> dict:
     """{name: (first call s, best round s)}: each step's first round (its compiles), then
     `repeats` rounds of each, alternating. Every round starts from a copy of `state` (made
     before its clock starts), so each is the same work: the same samples, hence the same
@@ -216,7 +219,7 @@ def stages_table(task: CoevolveTask, state, batch, rng, repeats: int) -> str:
         # The whole round donates nothing here: timing reruns it on the same state.
         total = best_time(jax.jit(fn), (state, task.frozen, batch, rng), repeats)
         cumulative[name], previous = total - previous, total
-    dims = core.round_dims(task.setup, {"question": batch.question.tokens.shape,
+    dims = round_dims(task.setup, {"question": batch.question.tokens.shape,
                                         "policy": batch.policy.tokens.shape,
                                         "anchors": batch.anchors.tokens.shape})
     stage_flops = flops.round_flops_by_stage(

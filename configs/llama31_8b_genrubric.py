@@ -28,6 +28,6 @@ from jaxrubric.recipes import DEFAULT_SLICE, sized_for
 def get_config(slice_name: str = DEFAULT_SLICE):
     config = paper_recipe("meta-llama/Llama-3.1-8B-Instruct", method="genrubric")
     # The generator self-evolves against a fixed answering policy and judge (the paper's
-    # setting); --config.round.freeze_policy=false trains the answerer too.
-    config.round.freeze_policy = True
+    # setting); --config.round.policy.freeze=false trains the answerer too.
+    config.round.policy.freeze = True
     return sized_for(config, slice_name)

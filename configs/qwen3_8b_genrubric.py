@@ -29,6 +29,6 @@ def get_config(slice_name: str = DEFAULT_SLICE):
     config = paper_recipe("Qwen/Qwen3-8B", chat_template_kwargs={"enable_thinking": False},
                           method="genrubric")
     # The generator self-evolves against a fixed answering policy and judge (the paper's
-    # setting); --config.round.freeze_policy=false trains the answerer too.
-    config.round.freeze_policy = True
+    # setting); --config.round.policy.freeze=false trains the answerer too.
+    config.round.policy.freeze = True
     return sized_for(config, slice_name)

@@ -8,8 +8,9 @@ plumbing (sampling -> rubrics -> verification -> two GRPO updates -> checkpoints
 from jaxrubric.config import base_config
 
 
-def get_config():
-    config = base_config()
+def tiny_config(method: str):
+    """What the tiny configs of both methods share."""
+    config = base_config(method)
     config.tokenizer = "assets/tiny_tokenizer"
     config.data.train = "assets/tiny_anchors.jsonl"
     for role, seed in (("policy", 1), ("generator", 2), ("verifier", 3)):
@@ -22,11 +23,16 @@ def get_config():
     config.data.num_anchors = 3
     config.rubric.max_items = 3
     config.rubric.max_item_tokens = 6
-    config.round.num_responses = 4
     config.round.num_rubrics = 2
     config.round.response_tokens = 12
     config.round.logprob_chunk = 16
     config.optim.policy_lr = 1e-4
     config.optim.generator_lr = 1e-4
     config.rounds = 2
+    return config
+
+
+def get_config():
+    config = tiny_config("dynamic_rubric")
+    config.round.num_responses = 4
     return config

@@ -13,11 +13,10 @@ def get_config():
         "tiny_dynamic_rubric", Path(__file__).with_name("tiny_dynamic_rubric.py"))
     tiny = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tiny)
-    config = tiny.get_config()
-    config.method = "genrubric"
+    config = tiny.tiny_config("genrubric")
     config.round.num_rubrics = 3  # each group's induced response is judged by the others
     config.round.soft_verdicts = True
     # GenRubric self-evolves the generator against a fixed answerer and judge (the paper's
-    # setting): --config.round.freeze_policy=false trains the answering policy too.
-    config.round.freeze_policy = True
+    # setting): --config.round.policy.freeze=false trains the answering policy too.
+    config.round.policy.freeze = True
     return config

@@ -1,10 +1,12 @@
 """Training configuration: one ml_collections tree, every value with one home and a default.
 
 Config files are Python modules with `get_config()` building on `base_config()`; relative paths
-in them are relative to the config file's folder. Every key has a declared type (`round.*`:
-RoundConfig's annotations; the rest: its default's type, or `_DECLARED` where the default does
-not say). `--config.a.b=value` overrides are parsed with it, and `check_config` checks keys,
-types and string options before any model is loaded, naming the key and the closest valid one.
+in them are relative to the config file's folder. Every key has a declared type (`round.*`: the
+method's round config, `Method.round_config`, with its per-role records; the rest: its
+default's type, or `_DECLARED` where the default does not say). `--config.a.b=value` overrides
+are parsed with it, and `check_config` checks keys, types and string options before any model
+is loaded, naming the key and the closest valid one. A config saved in an earlier layout is
+read in today's (`config_layouts`).
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ from typing import Any
 
 import ml_collections
 
-from jaxrubric.methods import get_method
-from jaxrubric.methods.core import OPTIONS, RoundConfig
+from jaxrubric import config_layouts
+from jaxrubric.methods import METHODS, get_method
+from jaxrubric.methods.method import Method
+from jaxrubric.methods.round_config import RoleConfig, RoundConfig
 from jaxrubric.models.config import (ATTENTION_IMPLS, LORA_TARGETS, REMAT_POLICIES, ConfigError,
-                                      DTypeLike, LoraConfig, did_you_mean, dtype_name)
+                                     DTypeLike, LoraConfig, did_you_mean, dtype_name)
 from jaxrubric.placement import resolve_submeshes
 from jaxrubric.roles import ROLES, TRAINED
 from jaxrubric.rubric.templates import STYLES
@@ -37,7 +41,6 @@ _DTYPE_KEYS = tuple(f"{role}.{field}" for role in ROLES for field in ("dtype", "
 _DECLARED: dict[str, Any] = {key: DTypeLike for key in _DTYPE_KEYS}
 # Each string option -> the names it accepts.
 _CHOICES: dict[str, Collection[str]] = {
-    **{f"round.{name}": allowed for name, allowed in OPTIONS.items()},
     **{f"{role}.remat": REMAT_POLICIES for role in ROLES},
     **{f"{role}.attention_impl": ATTENTION_IMPLS for role in ROLES},
     "rubric.template_style": STYLES,
@@ -49,10 +52,10 @@ class ConfigFileError(ValueError):
     """A config file or override that cannot be used, naming the key."""
 
 
-def base_config() -> ml_collections.ConfigDict:
-    """Every key a training config may set, with its default."""
+def base_config(method: str = "dynamic_rubric") -> ml_collections.ConfigDict:
+    """Every key a training config of `method` may set, with its default."""
     c = ml_collections.ConfigDict()
-    c.method = "dynamic_rubric"
+    c.method = method
     c.seed = 0
     c.rounds = 1
     c.mesh = ml_collections.ConfigDict({"data": 1, "fsdp": -1, "tensor": 1})
@@ -77,7 +80,7 @@ def base_config() -> ml_collections.ConfigDict:
     for role in TRAINED:
         c[role.value].lora = ml_collections.ConfigDict(
             {"rank": 0, "alpha": 32.0, "dropout": 0.0, "targets": "q_proj,k_proj,v_proj,o_proj"})
-        # The KL reference of a fully fine-tuned role (round.<role>_beta): a checkpoint of the
+        # The KL reference of a fully fine-tuned role (round.<role>.beta): a checkpoint of the
         # same architecture, e.g. the SFT model when `path` is an earlier RL run's export.
         # Empty: the weights the role starts from (`path`).
         c[role.value].reference = ""
@@ -99,7 +102,9 @@ def base_config() -> ml_collections.ConfigDict:
     # from scratch (jaxrubric.rubric.templates.STYLES).
     c.rubric = ml_collections.ConfigDict({"max_items": 12, "max_item_tokens": 48,
                                           "template_style": "full"})
-    c.round = ml_collections.ConfigDict(dataclasses.asdict(RoundConfig()))
+    # The method's round settings (`Method.round_config`): those every round shares, a record
+    # per trained role (`round.policy`, `round.generator`) and the method's own.
+    c.round = ml_collections.ConfigDict(dataclasses.asdict(get_method(method).round_config()))
     # lr_schedule: "constant" (after `warmup_steps` of linear warm-up, if any) or "cosine"
     # (warm-up, then a cosine decay to final_lr_fraction x the lr at the run's last optimiser
     # step: rounds x round.num_updates).
@@ -150,8 +155,7 @@ def paper_recipe(checkpoint: str, chat_template_kwargs: dict | None = None,
     chips without a prompt), their log-probs over 64-token chunks (the 16 rows of a v5p
     chip's two DynamicRubric policy prompts hold `[16, 64, vocabulary]` float32 logits).
     """
-    config = base_config()
-    config.method = method
+    config = base_config(method)
     config.rounds = 500
     config.mesh.fsdp = -1
     for key, value in (chat_template_kwargs or {}).items():
@@ -173,12 +177,10 @@ def paper_recipe(checkpoint: str, chat_template_kwargs: dict | None = None,
     config.data.num_anchors = 4
     config.rubric.max_items = 12
     config.rubric.max_item_tokens = 48
-    config.round.num_responses = 8
-    config.round.num_rubrics = 4
+    config.round.num_rubrics = 4  # K = 8 and anchor_weight 1 are DynamicRubric's defaults
     config.round.response_tokens = 1024
-    config.round.policy_beta = 0.01
-    config.round.generator_beta = 0.01
-    config.round.anchor_weight = 1.0
+    for role in TRAINED:
+        config.round[role].beta = 0.01
     config.round.logprob_chunk = 64
     config.round.rollout_micro_batches = 8
     config.round.update_micro_batches = update_micro_batches
@@ -228,7 +230,7 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ml_collectio
     if path.suffix == ".json":
         if argument is not None:
             raise ConfigFileError(f"{path}: a saved config takes no ':{argument}'")
-        config = _saved_config(json.loads(path.read_text()))
+        config = saved_config(json.loads(path.read_text()))
     else:
         config = _run_config_file(path, argument)
     for override in overrides:
@@ -245,21 +247,19 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ml_collectio
     return config
 
 
-def _saved_config(data: dict[str, Any]) -> ml_collections.ConfigDict:
-    """A workdir's saved config; keys and sections added to `base_config()` since it was
-    written take their defaults (so older runs still export), misspelled ones are still
-    refused by the checks."""
-    config = ml_collections.ConfigDict(data)
+def saved_config(data: dict[str, Any]) -> ml_collections.ConfigDict:
+    """A workdir's saved config in today's layout (`config_layouts.upgrade`); keys and sections
+    added to `base_config()` since it was written take their defaults (so older runs still
+    resume and export), a round of the method's own type (`conform_round`); misspelled keys
+    are still refused by the checks."""
+    config = ml_collections.ConfigDict(config_layouts.upgrade(data))
+    method = config.get("method")
     present = {key for key, _ in _leaves(config)}
-    for key, value in _leaves(base_config()):
-        if key not in present:
-            node = config
-            for part in key.split(".")[:-1]:  # a section added since: create it
-                if part not in node:
-                    with node.ignore_type():
-                        node[part] = ml_collections.ConfigDict()
-                node = node[part]
+    for key, value in _leaves(base_config(method if method in METHODS else "dynamic_rubric")):
+        if key not in present:  # a key or section added since
             _set(config, key, value)
+    if method in METHODS:
+        conform_round(config, get_method(method))
     return config
 
 
@@ -376,14 +376,14 @@ def _matches(value: Any, hint: Any) -> bool:
 @functools.cache
 def _field_types() -> dict[str, Any]:
     """Each key of `base_config()`, dotted (a free-form section is one key) -> its declared
-    type: RoundConfig's annotation for `round.*`, `_DECLARED`, or the default's type."""
-    hints = typing.get_type_hints(RoundConfig)
-    declared = {}
+    type: for `round.*` every method's round config's (`RoundConfig.declared`), else
+    `_DECLARED`, or the default's type."""
+    declared = {f"round.{key}": hint for method in METHODS.values()
+                for key, hint in method.round_config.declared().items()}
     for key, default in _leaves(base_config()):
-        section, _, name = key.partition(".")
-        if section == "round":
-            declared[key] = hints[name]
-        elif key in _DECLARED:
+        if key.startswith("round."):
+            continue
+        if key in _DECLARED:
             declared[key] = _DECLARED[key]
         elif default is None:
             raise TypeError(f"config.{key} defaults to None: declare its type in _DECLARED")
@@ -409,12 +409,22 @@ def _known() -> frozenset[str]:
                      for n in range(1, key.count(".") + 2))
 
 
-def _no_key(key: str) -> str:
-    """Names the shortest part of `key` that `base_config()` lacks, and the closest key."""
+def _no_key(key: str, keys: Collection[str] | None = None) -> str:
+    """Names the shortest part of `key` that `base_config()` lacks, and where it moved or the
+    closest of `keys` (default: every key of every method)."""
+    moved = config_layouts.moved_to(key)
+    if moved:
+        return f"config.{key} is {moved} now"
     parts = key.split(".")
+    role_key = parts[1:] if parts[0] == "round" else parts
+    if len(role_key) == 2 and role_key[0] in ROLES and role_key[1] in {
+            f.name for f in dataclasses.fields(RoleConfig)}:
+        where = ", ".join(f"config.round.{role}.{role_key[1]}" for role in TRAINED)
+        return (f"config has no key {key!r}: the round's per-role settings are the trained "
+                f"roles' ({where})")
     prefixes = (".".join(parts[:n]) for n in range(1, len(parts) + 1))
     unknown = next((prefix for prefix in prefixes if prefix not in _known()), key)
-    return f"config has no key {unknown!r}{did_you_mean(unknown, _field_types())}"
+    return f"config has no key {unknown!r}{did_you_mean(unknown, keys or _field_types())}"
 
 
 def _get(config: ml_collections.ConfigDict, key: str) -> Any:
@@ -425,9 +435,13 @@ def _get(config: ml_collections.ConfigDict, key: str) -> Any:
 
 
 def _set(config: ml_collections.ConfigDict, key: str, value: Any) -> None:
+    """Sets a dotted key, creating the sections it needs."""
     *parents, last = key.split(".")
     node = config
     for part in parents:
+        if part not in node:
+            with node.ignore_type():
+                node[part] = ml_collections.ConfigDict()
         node = node[part]
     with node.ignore_type():
         node[last] = value
@@ -447,17 +461,43 @@ def role_lora(config: ml_collections.ConfigDict, role: str) -> LoraConfig | None
 
 
 def round_config(config: ml_collections.ConfigDict) -> RoundConfig:
-    """The round section as the RoundConfig the round is built from."""
-    return RoundConfig(**config.round.to_dict())
+    """The round section as the method's round config the round is built from."""
+    return get_method(config.method).round_config.from_tree(config.round.to_dict())
+
+
+def conform_round(config: ml_collections.ConfigDict, method: Method) -> None:
+    """`config.round` as `method` declares it (`Method.round_config`): another method's keys
+    left at their defaults (a config built for one method and switched to the other) are
+    dropped, keys it lacks take their defaults; another method's key set to anything else is
+    refused, named with the closest of this method's keys."""
+    own = dict(_leaves(ml_collections.ConfigDict(dataclasses.asdict(method.round_config()))))
+    present = dict(_leaves(config.round))
+    for key, value in present.items():
+        owner = next((m for m in METHODS.values() if key in m.round_config.declared()), None)
+        if key in own or owner is None:  # not a round key at all: `_check_keys` names it
+            continue
+        if value != dataclasses.asdict(owner.round_config()).get(key, value):
+            raise ConfigFileError(
+                f"config.round.{key} is a {owner.name} setting; {method.name} has no such "
+                f"key{did_you_mean(f'round.{key}', [f'round.{k}' for k in own])}")
+        del config.round[key]
+    for key, value in own.items():
+        if key not in present:
+            _set(config, f"round.{key}", value)
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
     """Every check that needs no model, so a bad config fails in seconds, before anything
     loads: keys at every depth, types, string options, ranges, then the method's own checks.
     Role dtypes given as objects are replaced by their names."""
-    _check_keys(config)
+    try:
+        method = get_method(config.method)
+    except ValueError as err:
+        raise ConfigFileError(str(err)) from err
+    conform_round(config, method)
+    _check_keys(config, method)
     _check_types(config)
-    _check_choices(config)
+    _check_choices(config, method)
     if config.logging.wandb and importlib.util.find_spec("wandb") is None:
         raise ConfigFileError("config.logging.wandb=True needs the wandb package, which is not "
                               "installed: pip install 'jaxrubric[wandb]'")
@@ -480,8 +520,6 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     if not 0.0 <= config.optim.final_lr_fraction <= 1.0:
         raise ConfigFileError(f"config.optim.final_lr_fraction must be in [0, 1], got "
                               f"{config.optim.final_lr_fraction}")
-    if config.round.policy_reward == "oracle" and not config.oracle:
-        raise ConfigFileError("config.round.policy_reward='oracle' needs config.oracle")
     for role in ROLES:
         if config[role].attention_chunk < 0:
             raise ConfigFileError(f"config.{role}.attention_chunk must be >= 0 (0: off), got "
@@ -497,30 +535,23 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     try:
         round_config(config)
     except (TypeError, ValueError) as err:
-        raise ConfigFileError(f"config.round: {err}") from err
-    if bool(config.round.explorer_rubrics) != bool(config.generator.explorer):
-        raise ConfigFileError(
-            "config.round.explorer_rubrics and config.generator.explorer go together: the "
-            "explorer's checkpoint writes that many of each prompt's rubrics (got "
-            f"{config.round.explorer_rubrics} and {config.generator.explorer!r})")
-    if config.generator.explorer and config.generator.lora.rank:
-        raise ConfigFileError("config.generator.explorer: the explorer shares the generator's "
-                              "model graph, so it needs a fully fine-tuned generator "
-                              "(generator.lora.rank 0)")
+        raise ConfigFileError(f"config.round.{err}") from err
     check_submeshes(config)
     try:
-        get_method(config.method).check_config(config)
+        method.check_config(config)
     except ValueError as err:
         raise ConfigFileError(str(err)) from err
 
 
-def _check_keys(config: ml_collections.ConfigDict) -> None:
-    """The keys of `base_config()`, no more (misspellings), no fewer (a config file that does
-    not build on it)."""
+def _check_keys(config: ml_collections.ConfigDict, method: Method) -> None:
+    """The keys of `base_config()` with `method`'s round, no more (misspellings), no fewer (a
+    config file that does not build on it)."""
     keys = {key for key, _ in _leaves(config)}
-    unknown, missing = keys - _field_types().keys(), _field_types().keys() - keys
+    declared = {key for key in _field_types() if not key.startswith("round.")} | {
+        f"round.{key}" for key in method.round_config.declared()}
+    unknown, missing = keys - declared, declared - keys
     if unknown:
-        raise ConfigFileError(_no_key(min(unknown)))
+        raise ConfigFileError(_no_key(min(unknown), declared))
     if missing:
         raise ConfigFileError(f"config lacks key {min(missing)!r}: build config files on "
                               "jaxrubric.config.base_config()")
@@ -535,13 +566,11 @@ def _check_types(config: ml_collections.ConfigDict) -> None:
                                   f"({type(value).__name__})")
 
 
-def _check_choices(config: ml_collections.ConfigDict) -> None:
-    """The method and every string option name a registered one; role dtypes become names."""
-    try:
-        get_method(config.method)
-    except ValueError as err:
-        raise ConfigFileError(str(err)) from err
-    for key, allowed in _CHOICES.items():
+def _check_choices(config: ml_collections.ConfigDict, method: Method) -> None:
+    """Every string option names a registered one; role dtypes become names."""
+    choices = {**_CHOICES, **{f"round.{key}": allowed
+                              for key, allowed in method.round_config.choices().items()}}
+    for key, allowed in choices.items():
         value = _get(config, key)
         if value not in allowed:
             raise ConfigFileError(f"config.{key} {value!r} is not one of {sorted(allowed)}"

@@ -43,7 +43,8 @@ from jaxrubric.models.config import ModelConfig
 from jaxrubric.roles import Role
 
 if TYPE_CHECKING:  # types only: FLOPs read a method's shapes, they never import a method
-    from jaxrubric.methods.core import RoundConfig, RoundShapes
+    from jaxrubric.methods.round_config import RoundConfig
+    from jaxrubric.methods.shapes import RoundShapes
 
 
 def forward_flops(cfg: ModelConfig, *, tokens: float, attention_pairs: float,
@@ -148,9 +149,10 @@ def round_flops_by_stage(models: Mapping[Role, ModelConfig], config: RoundConfig
                                            completion_len=u.completion_len)
         passes = 3 if models[u.role].lora is None else 2
         stages[f"{u.role}/update"] = passes * config.num_updates * forward
-        if config.beta(u.role) > 0:
+        role = config.roles[u.role]
+        if role.beta > 0:
             stages[f"{u.role}/reference"] = forward
-            if config.kl(u.role) == "forward":  # its logits move into every update step
+            if role.kl == "forward":  # its logits move into every update step
                 logits = forward_flops(models[u.role], tokens=0, attention_pairs=0,
                                        logit_tokens=u.rows * u.completion_len)
                 stages[f"{u.role}/reference"] -= logits

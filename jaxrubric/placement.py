@@ -4,7 +4,7 @@ A round is written once, as a sequence of stages (`run(role, stage, *args)`: the
 samples, the generator writes rubrics, the verifier judges, each trained role updates).
 
 - `colocated`: every role on one mesh. A stage is a plain call, so the round traced under
-  `jax.jit` is one compiled program (`methods.core.make_round_step`).
+  `jax.jit` is one compiled program (`methods.programs.make_round_step`).
 - `SubMeshes`: each role's weights live on its own devices, so a chip never holds the verifier
   next to the policy's optimiser state. Each stage is a program of its own on its role's mesh;
   its inputs move there first (`jax.device_put`). Dispatch is asynchronous, so stages that do

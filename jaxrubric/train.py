@@ -12,9 +12,9 @@ from typing import Any
 
 import jax
 import ml_collections
-from etils import epath
 import numpy as np
 import optax
+from etils import epath
 from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
@@ -22,15 +22,20 @@ from jax.sharding import NamedSharding, PartitionSpec
 import jaxrubric
 from jaxrubric import flops, placement
 from jaxrubric import sharding as shd
-from jaxrubric.config import base_config, load_config, role_lora, round_config
+from jaxrubric.config import base_config, load_config, role_lora, round_config, saved_config
 from jaxrubric.data import load_anchors, prompt_text
-from jaxrubric.methods import core, get_method
-from jaxrubric.methods.core import Frozen
+from jaxrubric.logging_utils import WandbSettings
+from jaxrubric.methods import get_method
+from jaxrubric.methods.batches import encode_batch
+from jaxrubric.methods.data import (Frozen, RoundBatch, RoundResult, RoundState, base_weights,
+                                    role_weights)
+from jaxrubric.methods.programs import make_round_step, make_submesh_round_step
+from jaxrubric.methods.setup import init_state
+from jaxrubric.methods.shapes import round_dims
 from jaxrubric.models import adapters, hf
 from jaxrubric.models.config import LoraConfig
 from jaxrubric.models.transformer import Decoder
 from jaxrubric.roles import ROLES, TRAINED, Role
-from jaxrubric.logging_utils import WandbSettings
 from jaxrubric.train_loop import restore_checkpoint, run_training
 
 CONFIG_FILE = "config.json"
@@ -197,12 +202,12 @@ class CoevolveTask:
         # A LoRA role's KL reference is its frozen base (adapters off): no copy is made.
         references = {role: self._reference(role, models[role]) if rc.needs_reference(role)
                       and models[role].config.lora is None else None for role in TRAINED}
-        bases = {role: core.base_weights(models[role]) for role in TRAINED}
+        bases = {role: base_weights(models[role]) for role in TRAINED}
         switches = None
         if rc.runtime_switches:
             switches = jax.device_put(rc.switches(), NamedSharding(self.mesh, PartitionSpec()))
         explorer = (self._same_architecture(Role.GENERATOR, "explorer", models[Role.GENERATOR])
-                    if rc.explorer_rubrics else None)
+                    if config.generator.explorer else None)
         self.frozen = Frozen(nnx.state(models[Role.VERIFIER], nnx.Param),
                              policy_ref=references[Role.POLICY],
                              generator_ref=references[Role.GENERATOR],
@@ -212,7 +217,7 @@ class CoevolveTask:
         d = config.data
         self.round_flops = flops.round_flops(
             {role: models[role].config for role in ROLES}, rc,
-            self.method.round_shapes(rc, core.round_dims(self.setup, {
+            self.method.round_shapes(rc, round_dims(self.setup, {
                 "question": (d.batch_size, d.prompt_tokens),
                 "policy": (d.batch_size, d.policy_tokens),
                 "anchors": (d.batch_size, d.num_anchors, d.anchor_tokens)})))
@@ -221,13 +226,13 @@ class CoevolveTask:
         eval_setup = (self.setup if eval_config == rc else
                       dataclasses.replace(self.setup, config=eval_config))
         if self.colocated:
-            self._round = core.make_round_step(self.setup, self.frozen, self.method.round)
+            self._round = make_round_step(self.setup, self.frozen, self.method.round)
             evaluate = jax.jit(shd.traced_in(lambda state, frozen, batch, rng: (
                 self.method.evaluate(eval_setup, state, frozen, batch, rng)), self.mesh))
         else:
             run = placement.SubMeshes(self.setup, self.meshes)
-            self._round = core.make_submesh_round_step(self.setup, self.frozen, run,
-                                                       self.method.round)
+            self._round = make_submesh_round_step(self.setup, self.frozen, run,
+                                                  self.method.round)
             evaluate = functools.partial(self.method.evaluate, eval_setup, run=(
                 run if eval_setup is self.setup else placement.SubMeshes(eval_setup, self.meshes)))
         self._evaluate = None
@@ -260,25 +265,25 @@ class CoevolveTask:
         return reference_params(other, copy=False)
 
     # -------------------------------------------------------------- train_loop.Task
-    def init_state(self, rng: jax.Array) -> core.RoundState:
-        return core.init_state(self.setup, self.models)
+    def init_state(self, rng: jax.Array) -> RoundState:
+        return init_state(self.setup, self.models)
 
-    def abstract_state(self) -> core.RoundState:
+    def abstract_state(self) -> RoundState:
         return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
                             self.init_state(jax.random.key(0)))
 
-    def round_step(self, state: core.RoundState, batch: core.RoundBatch, rng: jax.Array
-                   ) -> tuple[core.RoundState, core.RoundResult]:
+    def round_step(self, state: RoundState, batch: RoundBatch, rng: jax.Array
+                   ) -> tuple[RoundState, RoundResult]:
         return self._round(state, batch, rng)
 
-    def batch(self, position: int) -> core.RoundBatch:
+    def batch(self, position: int) -> RoundBatch:
         """The global batch at `position`; each process reads and encodes only the rows its
         own devices hold (`shd.local_rows`), the rest of the global array lives elsewhere."""
         size = self.config.data.batch_size
         return self._encode([self.records[(position * size + i) % len(self.records)]
                              for i in range(size)])
 
-    def evaluate(self, state: core.RoundState, round_: int) -> dict[str, jax.Array | float]:
+    def evaluate(self, state: RoundState, round_: int) -> dict[str, jax.Array | float]:
         """The held-out batch's rollout without updates (the method's `evaluate`), with the
         same key every time, so that curves move with the models only. On a method's own
         held-out rows the device returns score matrices: they are fetched, appended to
@@ -296,11 +301,11 @@ class CoevolveTask:
                              for row in self.held_out.score_rows(out, round_, self.tokenizer))
         return self.held_out.scalars(out)
 
-    def _encode(self, records: list) -> core.RoundBatch:
+    def _encode(self, records: list) -> RoundBatch:
         cfg = self.config.data
         local = shd.local_rows(self.mesh, len(records))
         rows = [records[i] for i in local]
-        host = core.encode_batch(
+        host = encode_batch(
             self.tokenizer, [prompt_text(r.messages) for r in rows],
             [[a.text for a in r.answers[:cfg.num_anchors]] for r in rows],
             prompt_tokens=cfg.prompt_tokens, policy_tokens=cfg.policy_tokens,
@@ -308,8 +313,8 @@ class CoevolveTask:
             anchor_ranks=[[a.rank for a in r.answers[:cfg.num_anchors]] for r in rows])
         return shd.global_batch(self.mesh, host, local, len(records))
 
-    def text_samples(self, state: core.RoundState, batch: core.RoundBatch,
-                     result: core.RoundResult) -> dict[str, str]:
+    def text_samples(self, state: RoundState, batch: RoundBatch,
+                     result: RoundResult) -> dict[str, str]:
         """The first prompt, its first response and rubric: only those rows leave the device."""
         out = result.outputs
         first = jax.device_get((batch.question.tokens[0], batch.question.lengths[0],
@@ -341,7 +346,13 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, *,
         max_skipped_rounds=config.max_skipped_rounds, fallback=fallback,
         wandb=(WandbSettings(config.logging.wandb_project, config.logging.wandb_run_name)
                if config.logging.wandb else None),
-        config_defaults=_fingerprinted(base_config()))
+        config_defaults=_fingerprinted(base_config(config.method)),
+        saved_config=_saved_run)
+
+
+def _saved_run(run: dict) -> dict:
+    """A checkpoint's run config in today's layout (`config.saved_config`), fingerprinted."""
+    return {**run, "config": _fingerprinted(saved_config(run["config"]))}
 
 
 def _fingerprinted(config: ml_collections.ConfigDict) -> dict:
@@ -369,7 +380,7 @@ def export(workdir: str | Path, role: str, out: str | Path, *, dtype: Any = None
     task = CoevolveTask(load_config(config_file), oracle)
     state, meta = restore_checkpoint(str(workdir), task.abstract_state())
     role = Role(role)
-    model = nnx.merge(task.setup.graph(role), core.role_weights(state, task.frozen, role))
+    model = nnx.merge(task.setup.graph(role), role_weights(state, task.frozen, role))
     if adapter:
         if model.config.lora is None:
             raise ValueError(f"--adapter: the {role} of {workdir} was fully fine-tuned "

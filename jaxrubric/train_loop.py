@@ -93,7 +93,8 @@ def run_training(task: Task, *, workdir: str | os.PathLike, rounds: int, seed: i
                  allow_config_change: bool = False, profile_round: int | None = None,
                  max_skipped_rounds: int = 3, fallback: bool = True,
                  wandb: WandbSettings | None = None,
-                 config_defaults: Any = None) -> dict[str, Any]:
+                 config_defaults: Any = None,
+                 saved_config: Callable[[Any], Any] | None = None) -> dict[str, Any]:
     """Runs rounds until `rounds` have been completed in `workdir`, resuming from its latest
     checkpoint, and returns a summary.
 
@@ -118,6 +119,9 @@ def run_training(task: Task, *, workdir: str | os.PathLike, rounds: int, seed: i
       config_defaults: the defaults of `config`'s keys (same nesting): a key the checkpoint's
         config lacks that has its default now is not a change (a key added to the code since
         the checkpoint was written), so older runs still resume.
+      saved_config: reads a checkpoint's run config (`{"config": ..., "seed": ...}`) in
+        today's layout before it is compared, so a run saved before a key moved still
+        resumes.
       profile_round: capture a `jax.profiler` trace of this round into the TensorBoard folder
         (its profile tab splits the compiled round into its stages, op by op).
       max_skipped_rounds: stop with `NonFiniteError` once a `<name>/skipped_updates` metric
@@ -161,7 +165,7 @@ def run_training(task: Task, *, workdir: str | os.PathLike, rounds: int, seed: i
                 meta = resume.read_meta(manager, latest, details)
                 if meta is not None and rounds <= latest:
                     _check_fingerprint(meta, fingerprint, run_config, allow_config_change,
-                                       _canonical({"config": config_defaults}))
+                                       _canonical({"config": config_defaults}), saved_config)
                     _say(f"checkpoint at round {latest} already covers rounds={rounds}: "
                          "nothing to do")
                     return _summary(latest, meta["metrics"], meta["eval"], latest, False)
@@ -175,7 +179,7 @@ def run_training(task: Task, *, workdir: str | os.PathLike, rounds: int, seed: i
             else:
                 _, meta, state = restored
                 _check_fingerprint(meta, fingerprint, run_config, allow_config_change,
-                                       _canonical({"config": config_defaults}))
+                                       _canonical({"config": config_defaults}), saved_config)
                 key = jax.random.wrap_key_data(np.asarray(meta["rng_key_data"], np.uint32),
                                                impl=meta["rng_impl"])
                 done, position = meta["round"], meta["position"]
@@ -435,10 +439,12 @@ def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def _check_fingerprint(meta: Mapping[str, Any], fingerprint: str, run_config: Any,
-                       allow_change: bool, defaults: Any = None) -> None:
+                       allow_change: bool, defaults: Any = None,
+                       saved_config: Callable[[Any], Any] | None = None) -> None:
     if meta["fingerprint"] == fingerprint:
         return
-    old, new = _flatten(meta["config"]), _flatten(run_config)
+    saved = meta["config"] if saved_config is None else _canonical(saved_config(meta["config"]))
+    old, new = _flatten(saved), _flatten(run_config)
     default = _flatten(defaults) if isinstance(defaults, dict) else {}
     changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k)
                      and not (k not in old and k in default and new.get(k) == default[k]))

@@ -73,3 +73,22 @@ def datasets_cache(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path_factory.mktemp("hf_cache"))
         yield
+
+
+# A DynamicRubric workdir written before the round's per-role settings became records (one
+# tiny LoRA round, tests/data/README.md), its repository paths saved as `@ROOT@`.
+SAVED_V1_WORKDIR = "dynamic_rubric_workdir_v1"
+
+
+@pytest.fixture
+def saved_v1_workdir(tmp_path):
+    """A copy of that workdir with its paths pointing into this repository."""
+    import shutil
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    workdir = tmp_path / "v1_workdir"
+    shutil.copytree(root / "tests" / "data" / SAVED_V1_WORKDIR, workdir)
+    for path in (workdir / "config.json", workdir / "checkpoints" / "1" / "meta" / "metadata"):
+        path.write_text(path.read_text().replace("@ROOT@", str(root)))
+    return workdir

@@ -33,8 +33,13 @@ from tokenizer_fixtures import byte_level_bpe
 
 import jaxrubric
 from jaxrubric import sharding as shd
-from jaxrubric.methods import core, get_method
-from jaxrubric.methods.core import Frozen, RoundBatch, RoundConfig, RoundSetup, RoundState
+from jaxrubric.methods import get_method
+from jaxrubric.methods.batches import encode_batch
+from jaxrubric.methods.data import Frozen, RoundBatch, RoundState, base_weights
+from jaxrubric.methods.method import Method
+from jaxrubric.methods.programs import make_round_step
+from jaxrubric.methods.round_config import RoundConfig
+from jaxrubric.methods.setup import RoundSetup, init_state
 from jaxrubric.models.transformer import Decoder
 from jaxrubric.roles import ROLES, TRAINED, Role
 
@@ -93,7 +98,7 @@ def optimizers(lr: float = 1e-3) -> dict[Role, optax.GradientTransformation]:
     return {role: optax.adam(lr) for role in TRAINED}
 
 
-def build_setup(method: str | core.Method, config: RoundConfig, tokenizer,
+def build_setup(method: str | Method, config: RoundConfig, tokenizer,
                 models: Mapping[Role, Decoder], *, max_items: int = 3, max_item_tokens: int = 6,
                 oracle_reward: Callable[..., jax.Array] | None = None,
                 lr: float = 1e-3) -> RoundSetup:
@@ -111,12 +116,12 @@ def frozen_weights(models: Mapping[Role, Decoder]) -> Frozen:
         return None if models[role].config.lora is not None else params_copy(models[role])
     return Frozen(verifier=params_copy(models[Role.VERIFIER]),
                   policy_ref=reference(Role.POLICY), generator_ref=reference(Role.GENERATOR),
-                  policy_base=core.base_weights(models[Role.POLICY]),
-                  generator_base=core.base_weights(models[Role.GENERATOR]))
+                  policy_base=base_weights(models[Role.POLICY]),
+                  generator_base=base_weights(models[Role.GENERATOR]))
 
 
 def device_batch(host: RoundBatch, mesh) -> RoundBatch:
-    """`core.encode_batch`'s NumPy arrays, rows split over `mesh`'s batch axes."""
+    """`methods.batches.encode_batch`'s NumPy arrays, rows split over `mesh`'s batch axes."""
     return jax.tree.map(lambda v: jax.device_put(v, shd.batch_sharding(mesh, v.ndim)), host)
 
 
@@ -125,7 +130,7 @@ def encode(tokenizer, questions: Sequence[str], anchors: Sequence[Sequence[str]]
            num_anchors: int | None = None) -> RoundBatch:
     """The round's batch of these questions and best-first anchor answers, on `mesh`
     (`num_anchors` defaults to the longest anchor list)."""
-    host = core.encode_batch(
+    host = encode_batch(
         tokenizer, list(questions), [list(a) for a in anchors], prompt_tokens=prompt_tokens,
         policy_tokens=policy_tokens, anchor_tokens=anchor_tokens,
         num_anchors=num_anchors or max(len(a) for a in anchors))
@@ -135,7 +140,7 @@ def encode(tokenizer, questions: Sequence[str], anchors: Sequence[Sequence[str]]
 class RoundCase(NamedTuple):
     """Everything one round of a method needs, on one mesh."""
 
-    method: core.Method
+    method: Method
     tokenizer: Any
     models: dict[Role, Decoder]
     setup: RoundSetup
@@ -144,11 +149,11 @@ class RoundCase(NamedTuple):
     batch: RoundBatch
 
     def round_step(self):
-        """The jitted round (`core.make_round_step`), state donated."""
-        return core.make_round_step(self.setup, self.frozen, self.method.round)
+        """The jitted round (`methods.programs.make_round_step`), state donated."""
+        return make_round_step(self.setup, self.frozen, self.method.round)
 
 
-def round_case(method: str | core.Method, config: RoundConfig, mesh, *, tokenizer=None,
+def round_case(method: str | Method, config: RoundConfig, mesh, *, tokenizer=None,
                models: Mapping[Role, Decoder] | None = None,
                questions: Sequence[str] = QUESTIONS,
                anchors: Sequence[Sequence[str]] = ANCHORS, max_items: int = 3,
@@ -163,7 +168,7 @@ def round_case(method: str | core.Method, config: RoundConfig, mesh, *, tokenize
     models = dict(models) if models is not None else tiny_models(tokenizer, mesh)
     setup = build_setup(method, config, tokenizer, models, max_items=max_items,
                         max_item_tokens=max_item_tokens, oracle_reward=oracle_reward)
-    return RoundCase(method, tokenizer, models, setup, core.init_state(setup, models),
+    return RoundCase(method, tokenizer, models, setup, init_state(setup, models),
                      frozen_weights(models),
                      encode(tokenizer, questions, anchors, mesh, **encode_kwargs))
 

@@ -2,26 +2,30 @@
 
 import dataclasses
 
+import helpers
 import jax
 import jax.numpy as jnp
 import numpy as np
-import helpers
 import pytest
 from helpers import changed_roles, round_case, trained_params
 from jax.sharding import NamedSharding, PartitionSpec
 
 import jaxrubric
 from jaxrubric import placement
-from jaxrubric.methods import DYNAMIC_RUBRIC, core, dynamic_rubric
-from jaxrubric.methods.core import RoundConfig, RoundResult, RoundState
+from jaxrubric.methods import DYNAMIC_RUBRIC, dynamic_rubric
+from jaxrubric.methods.data import RoundResult, RoundState
+from jaxrubric.methods.dynamic_rubric import DynamicRubricConfig
+from jaxrubric.methods.programs import round_program
+from jaxrubric.methods.round_config import RoleConfig, RoundConfig
+from jaxrubric.methods.shapes import RoundDims, check_micro_batches
 from jaxrubric.roles import TRAINED, Role
 
 
 def test_round_updates_both_models_and_compiles_once(round_mesh):
     # Soft verdicts: an untrained verifier says "no" to nearly everything, so 0/1 verdicts
     # would give zero rewards and zero gradients.
-    config = RoundConfig(num_responses=4, num_rubrics=2, response_tokens=12, logprob_chunk=8,
-                         soft_verdicts=True)
+    config = DynamicRubricConfig(num_responses=4, num_rubrics=2, response_tokens=12,
+                                 logprob_chunk=8, soft_verdicts=True)
     case = round_case(DYNAMIC_RUBRIC, config, round_mesh)
     state = case.state
     before = trained_params(state)
@@ -44,27 +48,27 @@ def test_round_updates_both_models_and_compiles_once(round_mesh):
 def test_static_rubrics_and_the_oracle_reward(round_mesh):
     """`rubric_source="static"`: the generator's prompt holds the question alone; the policy
     can be rewarded by a ground-truth function instead of rubric scores."""
-    config = RoundConfig(num_responses=2, num_rubrics=2, response_tokens=4,
-                         rubric_source="static", policy_reward="oracle",
-                         freeze_generator=True, freeze_policy=True)
+    config = DynamicRubricConfig(num_responses=2, num_rubrics=2, response_tokens=4,
+                                 rubric_source="static", policy_reward="oracle",
+                                 policy=RoleConfig(freeze=True), generator=RoleConfig(freeze=True))
     with pytest.raises(ValueError, match="oracle_reward"):
         round_case(DYNAMIC_RUBRIC, config, round_mesh)
     with pytest.raises(ValueError, match="rubric_source"):
-        RoundConfig(rubric_source="both")
-    for key in ("shuffle_generator_credit", "induce_common_noise"):  # GenRubric's keys
-        with pytest.raises(ValueError, match=f"round.{key} is GenRubric's"):
-            DYNAMIC_RUBRIC.check_round(RoundConfig(**{key: True}), None)
-    with pytest.raises(ValueError, match="round.induced_responses is GenRubric's"):
-        DYNAMIC_RUBRIC.check_round(RoundConfig(induced_responses=2), None)
-    case = round_case(DYNAMIC_RUBRIC, RoundConfig(
+        DynamicRubricConfig(rubric_source="both")
+    # GenRubric's settings are not DynamicRubric's: its config type has none of them.
+    for key in ("shuffle_generator_credit", "induce_common_noise", "induced_responses"):
+        with pytest.raises(TypeError, match=key):
+            DynamicRubricConfig(**{key: 2})
+    case = round_case(DYNAMIC_RUBRIC, DynamicRubricConfig(
         num_responses=2, num_rubrics=2, response_tokens=4, rubric_source="static",
-        freeze_generator=True, freeze_policy=True), round_mesh)
+        policy=RoleConfig(freeze=True), generator=RoleConfig(freeze=True)), round_mesh)
     assert case.setup.generator_template.slots == ("prompt",)
     # A reward that differs between a prompt's answers; the policy's advantages centred per
-    # prompt and not divided by their spread (`policy_advantage_mode="no_std"`).
+    # prompt and not divided by their spread (the policy's `advantage_mode="no_std"`).
     oracle = lambda tokens, lengths, question: tokens.sum(-1).astype(jnp.float32)  # noqa: E731
     setup = dataclasses.replace(case.setup, config=dataclasses.replace(
-        case.setup.config, policy_reward="oracle", policy_advantage_mode="no_std"),
+        case.setup.config, policy_reward="oracle",
+        policy=dataclasses.replace(case.setup.config.policy, advantage_mode="no_std")),
         oracle_reward=oracle)
     out = jax.jit(lambda s, f, b, r: dynamic_rubric.rollout(setup, s, f, b, r,
                                                             placement.colocated(setup)))(
@@ -78,20 +82,20 @@ def test_static_rubrics_and_the_oracle_reward(round_mesh):
     assert out.rubrics.tokens.shape[:2] == (case.batch.question.tokens.shape[0], 2)
 
 
-def test_the_policys_advantage_mode_is_its_own_or_the_shared_one():
-    config = RoundConfig(advantage_mode="batch_std", policy_advantage_mode="no_std")
-    assert (config.advantages(Role.POLICY), config.advantages(Role.GENERATOR)) == (
-        "no_std", "batch_std")
-    assert RoundConfig(advantage_mode="no_std").advantages(Role.POLICY) == "no_std"
-    with pytest.raises(ValueError, match="policy_advantage_mode 'std' is not one of"):
-        RoundConfig(policy_advantage_mode="std")
+def test_each_role_has_its_own_advantage_mode():
+    config = RoundConfig(policy=RoleConfig(advantage_mode="no_std"),
+                         generator=RoleConfig(advantage_mode="batch_std"))
+    assert (config.roles[Role.POLICY].advantage_mode,
+            config.roles[Role.GENERATOR].advantage_mode) == ("no_std", "batch_std")
+    with pytest.raises(ValueError, match="policy.advantage_mode 'std' is not one of"):
+        RoundConfig(policy=RoleConfig(advantage_mode="std"))
 
 
 def test_entropy_bonus_is_per_role_and_never_negative():
-    config = RoundConfig(generator_entropy=0.05)
-    assert (config.entropy(Role.GENERATOR), config.entropy(Role.POLICY)) == (0.05, 0.0)
-    with pytest.raises(ValueError, match="generator_entropy must be >= 0"):
-        RoundConfig(generator_entropy=-0.1)
+    config = RoundConfig(generator=RoleConfig(entropy=0.05))
+    assert (config.generator.entropy, config.policy.entropy) == (0.05, 0.0)
+    with pytest.raises(ValueError, match="generator.entropy must be >= 0"):
+        RoundConfig.from_tree({"generator": {"entropy": -0.1}})
 
 
 def test_methods_are_registered_by_name():
@@ -180,10 +184,12 @@ def test_runtime_switches_run_every_variant_in_one_program_as_its_own_round():
     compiled-out program: the same weights and rewards."""
     mesh = jaxrubric.sharding.single_device_mesh()
     oracle = lambda tokens, lengths, question: lengths.astype(jnp.float32) / 12  # noqa: E731
-    base = RoundConfig(num_responses=4, num_rubrics=2, response_tokens=12, logprob_chunk=8,
-                       soft_verdicts=True, policy_beta=0.04, generator_beta=0.04)
-    runs = {"coevolve": {}, "frozen": {"freeze_generator": True},
-            "oracle": {"freeze_generator": True, "policy_reward": "oracle"}}
+    base = DynamicRubricConfig(num_responses=4, num_rubrics=2, response_tokens=12, logprob_chunk=8,
+                               soft_verdicts=True, policy=RoleConfig(beta=0.04),
+                               generator=RoleConfig(beta=0.04))
+    frozen_generator = dataclasses.replace(base.generator, freeze=True)
+    runs = {"coevolve": {}, "frozen": {"generator": frozen_generator},
+            "oracle": {"generator": frozen_generator, "policy_reward": "oracle"}}
     replicated = NamedSharding(mesh, PartitionSpec())
 
     def switched(name):
@@ -195,14 +201,14 @@ def test_runtime_switches_run_every_variant_in_one_program_as_its_own_round():
     texts = set()
     for name in runs:
         case, frozen = switched(name)
-        program = core.round_program(case.setup, DYNAMIC_RUBRIC.round,
-                                     jax.tree.map(lambda x: x.sharding, case.state))
+        program = round_program(case.setup, DYNAMIC_RUBRIC.round,
+                                jax.tree.map(lambda x: x.sharding, case.state))
         texts.add(program.lower(case.state, frozen, case.batch, jax.random.key(0)).as_text())
     assert len(texts) == 1
 
     case, _ = switched("coevolve")
-    program = core.round_program(case.setup, DYNAMIC_RUBRIC.round,
-                                 jax.tree.map(lambda x: x.sharding, case.state))
+    program = round_program(case.setup, DYNAMIC_RUBRIC.round,
+                            jax.tree.map(lambda x: x.sharding, case.state))
     for name, flags in runs.items():
         state, frozen = switched(name)[0].state, switched(name)[1]
         plain = round_case(DYNAMIC_RUBRIC, dataclasses.replace(base, **flags), mesh,
@@ -230,8 +236,8 @@ def test_evaluation_micro_batches_give_the_same_metrics():
     rows as in one piece (the toy world evaluates 256 prompts in 32)."""
     mesh = jaxrubric.sharding.single_device_mesh()
     oracle = lambda tokens, lengths, question: lengths.astype(jnp.float32) / 12  # noqa: E731
-    config = RoundConfig(num_responses=2, num_rubrics=2, response_tokens=8, soft_verdicts=True,
-                         eval_micro_batches=2)
+    config = DynamicRubricConfig(num_responses=2, num_rubrics=2, response_tokens=8,
+                                 soft_verdicts=True, eval_micro_batches=2)
     assert config.for_evaluation().rollout_micro_batches == 2
     assert dataclasses.replace(config, eval_micro_batches=0).for_evaluation() == \
         dataclasses.replace(config, eval_micro_batches=0)
@@ -239,7 +245,7 @@ def test_evaluation_micro_batches_give_the_same_metrics():
         RoundConfig(eval_micro_batches=-1)
     with pytest.raises(ValueError, match=r"eval_micro_batches=2 must divide the held-out "
                                          r"prompts \(data.eval_batch_size\), 3"):
-        core.check_micro_batches(config, DYNAMIC_RUBRIC.round_shapes(config, core.RoundDims(
+        check_micro_batches(config, DYNAMIC_RUBRIC.round_shapes(config, RoundDims(
             batch=2, question=16, policy_prompt=32, anchors=3, anchor_len=2, rubric=40, items=3,
             item_tokens=6, generator_constant=20, verifier_head=10, readout_suffix=3)),
             eval_prompts=3)

@@ -19,6 +19,7 @@ from jaxrubric.models.config import ConfigError
 
 ROOT = Path(__file__).parents[1]
 CONFIG = ROOT / "configs" / "tiny_dynamic_rubric.py"
+GENRUBRIC = ROOT / "configs" / "tiny_genrubric.py"
 TRAIN_DATA = ROOT / "configs" / "assets" / "tiny_anchors.jsonl"
 
 
@@ -59,9 +60,10 @@ def test_bad_override_names_the_key(override, message):
 
 
 @pytest.mark.parametrize("key", [
-    "round.kl_estimator", "round.aggregation", "round.advantage_mode", "round.disc_mode",
-    "round.policy_score", "round.rubric_source", "round.policy_reward", "round.policy_kl",
-    "round.generator_kl", "round.policy_advantage_mode", "policy.remat", "generator.attention_impl",
+    "round.kl_estimator", "round.aggregation", "round.generator.advantage_mode",
+    "round.disc_mode", "round.policy_score", "round.rubric_source", "round.policy_reward",
+    "round.policy.kl", "round.generator.kl", "round.policy.advantage_mode", "policy.remat",
+    "generator.attention_impl",
     "verifier.param_dtype", "rubric.template_style"])
 def test_every_string_option_is_checked_against_its_registry(key):
     with _raises(f"config.{key} 'nonsense' is not one of"):
@@ -77,7 +79,66 @@ def test_overrides_take_the_declared_type():
 
 def test_the_method_checks_run_with_the_rest():
     with _raises("config.round.num_rubrics"):
-        load_config(CONFIG, ["method=genrubric", "round.num_rubrics=1"])
+        load_config(GENRUBRIC, ["round.num_rubrics=1"])
+
+
+@pytest.mark.parametrize("path, overrides, message", [
+    (GENRUBRIC, ["round.induced_responses=2", "method=dynamic_rubric"],
+     "config.round.induced_responses is a genrubric setting; dynamic_rubric has no such key "
+     "(did you mean 'round.num_responses'?)"),
+    (CONFIG, ["round.induced_responses=2"], "config.round.induced_responses is a genrubric"),
+    (CONFIG, ["method=genrubric"], "config.round.num_responses is a dynamic_rubric setting"),
+    (GENRUBRIC, ["round.item_credit=0.5"], "config.round.item_credit is a dynamic_rubric"),
+])
+def test_a_setting_of_the_other_method_is_refused_by_the_round_type(path, overrides, message):
+    """Each method's round is its own config type (`Method.round_config`): another method's
+    key is refused, named with the closest of this method's; left at its default (a config
+    built for one method and switched to the other) it is dropped."""
+    with _raises(message):
+        load_config(path, overrides)
+    switched = load_config(GENRUBRIC, ["method=dynamic_rubric"]).round
+    assert "induced_responses" not in switched and switched.num_responses == 8
+
+
+@pytest.mark.parametrize("override", ["round.verifier.beta=0.1", "verifier.temperature=0.5"])
+def test_a_per_role_setting_is_the_trained_roles(override):
+    key = override.partition("=")[0]
+    name = key.rpartition(".")[2]
+    with _raises(f"config has no key {key!r}: the round's per-role settings are the trained "
+                 f"roles' (config.round.generator.{name}, config.round.policy.{name})"):
+        load_config(CONFIG, [override])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("round.policy_beta=0.1", "config.round.policy_beta is config.round.policy.beta now"),
+    ("round.freeze_generator=true", "config.round.freeze_generator is "
+                                    "config.round.generator.freeze now"),
+    ("round.advantage_mode=no_std", "config.round.advantage_mode is "
+                                    "config.round.policy.advantage_mode and "
+                                    "config.round.generator.advantage_mode now"),
+])
+def test_a_key_of_the_earlier_layout_names_its_new_home(override, message):
+    with _raises(message):
+        load_config(CONFIG, [override])
+
+
+def test_a_config_saved_in_the_earlier_layout_loads_in_todays(saved_v1_workdir):
+    """A workdir's `config.json` from before the per-role records: each old key lands in its
+    role's record, and the shared advantage mode is each role's unless the policy had its
+    own (`config_layouts`)."""
+    saved = saved_v1_workdir / "config.json"
+    rc = round_config(load_config(saved))
+    assert (rc.policy.temperature, rc.generator.beta) == (0.9, 0.02)
+    assert (rc.policy.advantage_mode, rc.generator.advantage_mode) == ("no_std", "group_std")
+    assert rc == round_config(load_config(CONFIG, [
+        "round.policy.temperature=0.9", "round.generator.beta=0.02",
+        "round.policy.advantage_mode=no_std"]))
+    data = json.loads(saved.read_text())
+    data["round"].update(advantage_mode="batch_std", policy_advantage_mode="", freeze_policy=True)
+    saved.write_text(json.dumps(data))
+    rc = round_config(load_config(saved))
+    assert (rc.policy.advantage_mode, rc.generator.advantage_mode) == ("batch_std", "batch_std")
+    assert rc.policy.freeze and not rc.generator.freeze
 
 
 def test_config_file_keys_and_values_are_checked(tmp_path):
@@ -132,15 +193,22 @@ def test_model_dtypes_may_be_jax_or_numpy_dtypes(tmp_path):
         jaxrubric.load_pretrained(path, param_dtype=jnp.int8)
 
 
-def test_cli_train_fails_on_a_bad_key_before_loading(tmp_path):
+@pytest.mark.parametrize("config, overrides, message", [
+    (CONFIG, ["--config.round.top_pp=0.9"],
+     "config has no key 'round.top_pp' (did you mean 'round.top_p'?)"),
+    (GENRUBRIC, ["--config.round.induced_responses=2", "--config.method=dynamic_rubric"],
+     "config.round.induced_responses is a genrubric setting; dynamic_rubric has no such key"),
+    (CONFIG, ["--config.round.verifier.beta=0.1"], "config has no key 'round.verifier.beta'"),
+])
+def test_cli_train_fails_on_a_bad_key_before_loading(tmp_path, config, overrides, message):
     workdir = tmp_path / "workdir"
     start = time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-m", "jaxrubric.cli", "train", "--config", str(CONFIG),
-         "--config.round.top_pp=0.9", "--workdir", str(workdir)],
+        [sys.executable, "-m", "jaxrubric.cli", "train", "--config", str(config), *overrides,
+         "--workdir", str(workdir)],
         capture_output=True, text=True, timeout=120, cwd=ROOT)
     elapsed = time.monotonic() - start
     assert result.returncode != 0
-    assert "config has no key 'round.top_pp' (did you mean 'round.top_p'?)" in result.stderr
+    assert message in result.stderr
     assert not workdir.exists()  # train() never started
     assert elapsed < 10, f"the error took {elapsed:.1f} s"

@@ -12,8 +12,13 @@ from helpers import TINY_TOKENIZER, abstract_models, build_setup, tiny_model_con
 import jaxrubric
 from jaxrubric import flops
 from jaxrubric import mfu as mfu_lib
-from jaxrubric.methods import DYNAMIC_RUBRIC, GENRUBRIC, core, update
-from jaxrubric.methods.core import RoundConfig, RoundDims, Sampling, Update, Verification
+from jaxrubric.methods import DYNAMIC_RUBRIC, GENRUBRIC, update
+from jaxrubric.methods.batches import encode_batch
+from jaxrubric.methods.dynamic_rubric import DynamicRubricConfig
+from jaxrubric.methods.genrubric import GenRubricConfig
+from jaxrubric.methods.round_config import RoleConfig, RoundConfig
+from jaxrubric.methods.shapes import (RoundDims, Sampling, Update, Verification, anchor_row_bytes,
+                                      batch_row_bytes, question_row_bytes, round_dims)
 from jaxrubric.roles import ROLES, Role
 from jaxrubric.rubric import dense_tree
 from jaxrubric.rubric import grammar as grammar_lib
@@ -171,11 +176,11 @@ def _int(shape):
 
 def test_round_shapes_are_the_shapes_the_round_builds():
     B, Lq, Lp, n, La = 2, 16, 32, 3, 8
-    config = RoundConfig(num_responses=4, num_rubrics=2, response_tokens=12)
+    config = DynamicRubricConfig(num_responses=4, num_rubrics=2, response_tokens=12)
     K, G, Lr = 4, 2, 12
     batch_shapes = {"question": (B, Lq), "policy": (B, Lp), "anchors": (B, n, La)}
     setup, cfg, tok = _setup("dynamic_rubric", config)
-    dims = core.round_dims(setup, batch_shapes)
+    dims = round_dims(setup, batch_shapes)
     shapes = DYNAMIC_RUBRIC.round_shapes(config, dims)
     models = dict.fromkeys(ROLES, cfg)
     assert flops.round_flops(models, config, shapes) == pytest.approx(
@@ -212,19 +217,20 @@ def test_round_shapes_are_the_shapes_the_round_builds():
                               Update(Role.POLICY, B * K, Lp, Lr, K))
 
     # The bytes a stage reads per prompt: the batch's rows as `encode_batch` builds them.
-    host = core.encode_batch(tok, ["Sort 3 1 2.", "Reverse cat."], [["1 2 3"], ["tac"]],
-                             prompt_tokens=Lq, policy_tokens=Lp, anchor_tokens=La,
-                             num_anchors=n)
+    host = encode_batch(tok, ["Sort 3 1 2.", "Reverse cat."], [["1 2 3"], ["tac"]],
+                        prompt_tokens=Lq, policy_tokens=Lp, anchor_tokens=La,
+                        num_anchors=n)
     row_bytes = lambda tree: sum(x.nbytes for x in jax.tree.leaves(tree)) // B  # noqa: E731
-    assert core.question_row_bytes(dims) == row_bytes(host.question)
-    assert core.anchor_row_bytes(dims) == row_bytes(host.anchors)
-    assert core.batch_row_bytes(dims) == row_bytes(host)
+    assert question_row_bytes(dims) == row_bytes(host.question)
+    assert anchor_row_bytes(dims) == row_bytes(host.anchors)
+    assert batch_row_bytes(dims) == row_bytes(host)
     stages = {"policy rollout", "generator rollout", "verifier", "generator update",
               "policy update"}
     assert set(shapes.reads) == stages
 
-    gr_setup, _, _ = _setup("genrubric", config)
-    gr_shapes = GENRUBRIC.round_shapes(config, core.round_dims(gr_setup, batch_shapes))
+    gr_config = GenRubricConfig(num_rubrics=2, response_tokens=12)
+    gr_setup, _, _ = _setup("genrubric", gr_config)
+    gr_shapes = GENRUBRIC.round_shapes(gr_config, round_dims(gr_setup, batch_shapes))
     # Signed weights ("-5") make GenRubric's longest rubric longer than DynamicRubric's.
     gr_rubric = gr_setup.grammar.max_rubric_tokens
     assert gr_rubric > rubric
@@ -262,7 +268,7 @@ def test_round_flops_stages_follow_the_config():
         num_layers=3), Role.VERIFIER: jaxrubric.tiny_config(num_layers=1, hidden_size=32)}
     policy, generator, verifier = (models[r] for r in (Role.POLICY, Role.GENERATOR,
                                                         Role.VERIFIER))
-    base = RoundConfig(num_responses=4, num_rubrics=2, response_tokens=12)  # prompts shared
+    base = DynamicRubricConfig(num_responses=4, num_rubrics=2, response_tokens=12)  # prompts shared
     shapes = DYNAMIC_RUBRIC.round_shapes(base, DIMS)
     stages = flops.round_flops_by_stage(models, base, shapes)
     assert set(stages) == {"policy/sample", "generator/sample", "verifier/responses",
@@ -292,8 +298,8 @@ def test_round_flops_stages_follow_the_config():
                                                                  branches=6, branch_len=9)
     assert flops.round_flops(models, base, shapes) == pytest.approx(sum(stages.values()))
 
-    varied = RoundConfig(num_responses=4, num_rubrics=2, response_tokens=12, policy_beta=0.0,
-                         num_updates=2, freeze_generator=True)
+    varied = DynamicRubricConfig(num_responses=4, num_rubrics=2, response_tokens=12, num_updates=2,
+                                 policy=RoleConfig(beta=0.0), generator=RoleConfig(freeze=True))
     stages = flops.round_flops_by_stage(models, varied, DYNAMIC_RUBRIC.round_shapes(varied, DIMS))
     assert set(stages) == {"policy/sample", "generator/sample", "verifier/responses",
                            "verifier/anchors", "policy/update"}
@@ -306,7 +312,8 @@ def test_round_flops_stages_follow_the_config():
 
     # The forward KL: the reference stops at its hidden states, and each update step projects
     # them to the vocabulary (2 prompts x G = 2 rubrics of 40 tokens, 2 steps).
-    forward_kl = dataclasses.replace(base, generator_kl="forward", num_updates=2)
+    forward_kl = dataclasses.replace(
+        base, generator=dataclasses.replace(base.generator, kl="forward"), num_updates=2)
     fk = flops.round_flops_by_stage(models, forward_kl, shapes)
     logits = 2 * generator.hidden_size * generator.vocab_size * 4 * 40
     generator_forward = flops.shared_teacher_forced_flops(generator, prompts=2, prompt_len=200,
@@ -315,7 +322,8 @@ def test_round_flops_stages_follow_the_config():
     assert fk["generator/update"] == 6 * generator_forward + 2 * logits
     assert fk["policy/update"] == 6 * policy_forward
 
-    gr = flops.round_flops_by_stage(models, base, GENRUBRIC.round_shapes(base, DIMS))
+    gr_base = GenRubricConfig(num_rubrics=2, response_tokens=12)
+    gr = flops.round_flops_by_stage(models, gr_base, GENRUBRIC.round_shapes(gr_base, DIMS))
     assert set(gr) == {"generator/sample", "policy/sample", "verifier/induced responses",
                        "generator/reference", "generator/update", "policy/reference",
                        "policy/update"}

@@ -1,6 +1,6 @@
 """The forward (mass-covering) KL of a role to its reference over the whole vocabulary
-(`round.policy_kl` / `generator_kl = "forward"`), against a plain NumPy computation on the full
-logits: its values, its gradient, and what it does that the sampled-token KL cannot (it pulls
+(`round.policy.kl` / `round.generator.kl = "forward"`), against a plain NumPy computation on the
+full logits: its values, its gradient, and what it does that the sampled-token KL cannot (it pulls
 up a token the role has stopped writing)."""
 
 from __future__ import annotations
@@ -12,7 +12,10 @@ import optax
 from flax import nnx
 
 import jaxrubric
-from jaxrubric.methods import core, update
+from jaxrubric.methods import update
+from jaxrubric.methods.data import RoleState
+from jaxrubric.methods.round_config import RoleConfig, RoundConfig
+from jaxrubric.methods.setup import RoleSpec
 from jaxrubric.rl import grpo
 
 
@@ -72,11 +75,11 @@ def test_the_role_update_weighs_the_forward_kl_of_the_full_distributions():
     model, (prompt, prompt_mask, completion, mask) = _role_case()
     graph, params = nnx.graphdef(model), nnx.state(model, nnx.Param)
     ref = jax.tree.map(lambda x: x * 1.05, params)
-    cfg = core.RoundConfig(num_updates=1, logprob_chunk=4)
-    spec = core.RoleSpec(graph, optax.sgd(0.0), beta=0.2, compiled_out=False, kl="forward")
+    cfg = RoundConfig(num_updates=1, logprob_chunk=4)
+    spec = RoleSpec(graph, optax.sgd(0.0), RoleConfig(beta=0.2, kl="forward"), compiled_out=False)
     sampler = update.completion_logprobs(model, prompt, prompt_mask, completion, 4)
     _, metrics = update.grpo_role_update(
-        cfg, spec, core.RoleState(params, spec.optimizer.init(params)), None, ref, prompt,
+        cfg, spec, RoleState(params, spec.optimizer.init(params)), None, ref, prompt,
         prompt_mask, completion, mask, sampler, jnp.zeros(4), jax.random.key(0))
 
     width = prompt.shape[1]

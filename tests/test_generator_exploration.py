@@ -15,7 +15,13 @@ from helpers import params_copy, round_case
 import jaxrubric
 from jaxrubric import placement
 from jaxrubric.config import ConfigFileError, base_config, check_config
-from jaxrubric.methods import DYNAMIC_RUBRIC, GENRUBRIC, core, dynamic_rubric, update
+from jaxrubric.methods import DYNAMIC_RUBRIC, dynamic_rubric, update
+from jaxrubric.methods.data import RoleState
+from jaxrubric.methods.dynamic_rubric import DynamicRubricConfig, explorer_groups
+from jaxrubric.methods.genrubric import GenRubricConfig
+from jaxrubric.methods.programs import round_program
+from jaxrubric.methods.round_config import RoleConfig, RoundConfig
+from jaxrubric.methods.setup import RoleSpec
 from jaxrubric.roles import Role
 
 
@@ -37,9 +43,9 @@ def test_off_policy_rows_take_the_plain_policy_gradient_step_and_no_kl():
     own = update.completion_logprobs(model, prompt, prompt_mask, completion, 4)
     # Another model's log-probs on the off-policy rows: they must not matter.
     sampler = jnp.where(off[:, None], own - 2.0, own)
-    cfg = core.RoundConfig(num_updates=1, logprob_chunk=4)
-    spec = core.RoleSpec(graph, optax.sgd(lr), beta=beta, compiled_out=False)
-    state = core.RoleState(params, spec.optimizer.init(params))
+    cfg = RoundConfig(num_updates=1, logprob_chunk=4)
+    spec = RoleSpec(graph, optax.sgd(lr), RoleConfig(beta=beta), compiled_out=False)
+    state = RoleState(params, spec.optimizer.init(params))
     new, _ = update.grpo_role_update(cfg, spec, state, None, ref, prompt, prompt_mask,
                                      completion, mask, sampler, advantages, jax.random.key(0),
                                      off_policy=off)
@@ -73,9 +79,9 @@ def test_the_explorer_writes_the_last_rubrics_which_never_score_the_policy():
     the explorer, not the generator), the policy's reward is the mean of the generator's own
     valid groups, and the round with its off-policy update runs and changes the generator."""
     mesh = jaxrubric.sharding.single_device_mesh()
-    config = core.RoundConfig(num_responses=2, num_rubrics=4, response_tokens=6,
-                              logprob_chunk=8, soft_verdicts=True, explorer_rubrics=2,
-                              generator_beta=0.04)
+    config = DynamicRubricConfig(num_responses=2, num_rubrics=4, response_tokens=6, logprob_chunk=8,
+                                 soft_verdicts=True, explorer_rubrics=2,
+                                 generator=RoleConfig(beta=0.04))
     case = round_case(DYNAMIC_RUBRIC, config, mesh)
     explorer_model = case.models[Role.VERIFIER]  # the same tiny architecture, other weights
     frozen = case.frozen._replace(generator_explorer=params_copy(explorer_model))
@@ -107,8 +113,8 @@ def test_the_explorer_writes_the_last_rubrics_which_never_score_the_policy():
     want = (scores * own[:, None]).sum(-1) / np.maximum(own.sum(-1), 1)[:, None]
     np.testing.assert_allclose(np.asarray(judged.rubric_reward), want, rtol=1e-6, atol=1e-7)
 
-    program = core.round_program(case.setup, DYNAMIC_RUBRIC.round,
-                                 jax.tree.map(lambda x: x.sharding, case.state))
+    program = round_program(case.setup, DYNAMIC_RUBRIC.round,
+                            jax.tree.map(lambda x: x.sharding, case.state))
     before = params_copy(case.models[Role.GENERATOR])
     state, result = program(case.state, frozen, case.batch, jax.random.key(0))
     scalars = jax.device_get(result.scalars)
@@ -128,7 +134,7 @@ def _config(**round_keys):
 
 def test_explorer_config_errors_name_the_keys():
     with pytest.raises(ValueError, match="explorer_rubrics must be in"):
-        core.RoundConfig(num_rubrics=4, explorer_rubrics=4)
+        DynamicRubricConfig(num_rubrics=4, explorer_rubrics=4)
     with pytest.raises(ConfigFileError, match="go together"):
         check_config(_config(explorer_rubrics=1, num_rubrics=4))
     c = _config()
@@ -141,12 +147,12 @@ def test_explorer_config_errors_name_the_keys():
     c.generator.lora.rank = 4
     with pytest.raises(ConfigFileError, match="fully fine-tuned generator"):
         check_config(c)
-    for key, value in (("explorer_rubrics", 1), ("item_credit", 0.5)):
-        with pytest.raises(ValueError, match="explorer_rubrics / item_credit: DynamicRubric's"):
-            GENRUBRIC.check_round(core.RoundConfig(num_rubrics=4, **{key: value}), None)
+    for key, value in (("explorer_rubrics", 1), ("item_credit", 0.5)):  # not GenRubric's
+        with pytest.raises(TypeError, match=key):
+            GenRubricConfig(num_rubrics=4, **{key: value})
     with pytest.raises(ValueError, match="item_credit must be >= 0"):
-        core.RoundConfig(item_credit=-1.0)
-    np.testing.assert_array_equal(core.explorer_groups(core.RoundConfig(
+        DynamicRubricConfig(item_credit=-1.0)
+    np.testing.assert_array_equal(explorer_groups(DynamicRubricConfig(
         num_rubrics=4, explorer_rubrics=1)), [False, False, False, True])
 
 
@@ -155,8 +161,8 @@ def test_item_credit_adds_each_items_advantage_to_its_tokens():
     items (mean 0 each, times the coefficient), padding items get none, and the generator's
     update advantages are its rubric's on every token plus the item's on the item's tokens."""
     mesh = jaxrubric.sharding.single_device_mesh()
-    config = core.RoundConfig(num_responses=4, num_rubrics=3, response_tokens=6,
-                              logprob_chunk=8, soft_verdicts=True, item_credit=0.5)
+    config = DynamicRubricConfig(num_responses=4, num_rubrics=3, response_tokens=6, logprob_chunk=8,
+                                 soft_verdicts=True, item_credit=0.5)
     case = round_case(DYNAMIC_RUBRIC, config, mesh)
     out = jax.jit(lambda s, f, b, r: dynamic_rubric.rollout(
         case.setup, s, f, b, r, placement.colocated(case.setup)))(

@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 from helpers import changed_roles, round_case, tiny_tokenizer, trained_params
 
-from jaxrubric.methods import GENRUBRIC, core
+from jaxrubric.methods import GENRUBRIC
 from jaxrubric.methods import genrubric as gr_method
-from jaxrubric.methods.core import RoundConfig, RoundResult
+from jaxrubric.methods.data import RoundResult, role_weights
+from jaxrubric.methods.genrubric import GenRubricConfig
+from jaxrubric.methods.round_config import RoleConfig
 from jaxrubric.rewards.genrubric import group_validity
 from jaxrubric.roles import TRAINED, Role
 from jaxrubric.rubric import grammar as grammar_lib
@@ -26,7 +28,7 @@ def test_signed_weights_are_the_methods():
 def test_round_updates_both_models_and_compiles_once(round_mesh):
     # An untrained verifier says "no" to everything; its p_yes still varies, so soft verdicts
     # give both roles a reward signal (and adam without weight decay moves only on gradients).
-    config = RoundConfig(num_rubrics=3, response_tokens=12, logprob_chunk=8, soft_verdicts=True)
+    config = GenRubricConfig(num_rubrics=3, response_tokens=12, logprob_chunk=8, soft_verdicts=True)
     case = round_case(GENRUBRIC, config, round_mesh, anchors=[["1 2 3"], ["tac"]])
     setup, state, frozen, batch = case.setup, case.state, case.frozen, case.batch
     before = trained_params(state)
@@ -47,7 +49,8 @@ def test_round_updates_both_models_and_compiles_once(round_mesh):
 
     # The frozen-evaluator / frozen-policy flags drop the updates (traced only, not compiled).
     frozen_setup = dataclasses.replace(setup, config=dataclasses.replace(
-        config, freeze_generator=True, freeze_policy=True))
+        config, policy=dataclasses.replace(config.policy, freeze=True),
+        generator=dataclasses.replace(config.generator, freeze=True)))
     assert all(frozen_setup.roles[role].compiled_out for role in TRAINED)
     _, traced = jax.eval_shape(functools.partial(GENRUBRIC.round, frozen_setup), state,
                                frozen, batch, jax.random.key(0))
@@ -174,11 +177,11 @@ def test_common_noise_makes_one_querys_identical_rubrics_induce_one_response(
     """`round.induce_common_noise`: the i-th induced responses of a query's groups draw one
     noise stream, so rubrics that say the same thing induce the same responses; otherwise each
     draws its own (as a group's N responses always do)."""
-    config = RoundConfig(num_rubrics=3, response_tokens=10, policy_temperature=1.0,
-                         induce_common_noise=common, induced_responses=per_group)
+    config = GenRubricConfig(num_rubrics=3, response_tokens=10, induce_common_noise=common,
+                             induced_responses=per_group, policy=RoleConfig(temperature=1.0))
     case = round_case(GENRUBRIC, config, round_mesh, anchors=[["1 2 3"], ["tac"]])
-    policy = core.role_weights(case.state, case.frozen, Role.POLICY)
-    generator = core.role_weights(case.state, case.frozen, Role.GENERATOR)
+    policy = role_weights(case.state, case.frozen, Role.POLICY)
+    generator = role_weights(case.state, case.frozen, Role.GENERATOR)
 
     @jax.jit
     def induce(generator, policy, question, rng):
@@ -232,17 +235,19 @@ def test_several_induced_responses_average_the_rewards_of_their_response_sets():
 
 
 def test_the_policys_advantages_take_its_own_mode():
-    """`policy_advantage_mode` reaches the GenRubric policy's advantages over a query's
-    responses (`advantage_mode`, the generator's, where it is empty)."""
+    """The policy's `advantage_mode` reaches the GenRubric policy's advantages over a query's
+    responses, whatever the generator's."""
     scores = jax.random.uniform(jax.random.key(4), (2, 4, 4))  # [query, response, rubric]
     group_valid = jnp.array([[True, True, True, False], [True, True, True, True]])
-    reward, valid, _ = gr_method.policy_credit(scores, group_valid, RoundConfig())
+    reward, valid, _ = gr_method.policy_credit(scores, group_valid, GenRubricConfig())
     reward, valid = np.asarray(reward, np.float64), np.asarray(valid)
     assert valid.all() and np.ptp(reward, -1).min() > 0
     centred = reward - reward.mean(-1, keepdims=True)
-    for config, want in ((RoundConfig(policy_advantage_mode="no_std"), centred),
-                         (RoundConfig(advantage_mode="no_std"), centred),
-                         (RoundConfig(advantage_mode="no_std", policy_advantage_mode="group_std"),
+    for config, want in ((GenRubricConfig(policy=RoleConfig(advantage_mode="no_std")), centred),
+                         (GenRubricConfig(policy=RoleConfig(advantage_mode="no_std"),
+                                          generator=RoleConfig(advantage_mode="no_std")), centred),
+                         (GenRubricConfig(policy=RoleConfig(advantage_mode="group_std"),
+                                          generator=RoleConfig(advantage_mode="no_std")),
                           centred / (reward.std(-1, keepdims=True) + 1e-6))):
         _, _, advantages = gr_method.policy_credit(scores, group_valid, config)
         np.testing.assert_allclose(np.asarray(advantages), want, rtol=1e-5, atol=1e-6)

@@ -201,14 +201,14 @@ def test_run_config_carries_the_worlds_sampling_advantage_and_response_defaults(
     paths = gw.write_data(tmp_path, GenRubricWorldConfig(eval_queries=2))
     for name in RUNS:
         c = gw.run_config(name, tmp_path, paths, cfg).round
-        assert (c.generator_temperature, c.policy_temperature, c.advantage_mode,
-                c.induced_responses) == (cfg.generator_temperature, cfg.policy_temperature,
-                                         cfg.advantage_mode, cfg.induced_responses) == (
-            0.7, 0.5, "no_std", 2)
+        assert (c.generator.temperature, c.policy.temperature, c.generator.advantage_mode,
+                c.policy.advantage_mode, c.induced_responses) == (
+            cfg.generator_temperature, cfg.policy_temperature, cfg.advantage_mode,
+            cfg.advantage_mode, cfg.induced_responses) == (0.7, 0.5, "no_std", "no_std", 2)
         assert c.shuffle_generator_credit == (name == "control")
     # A study's round override still wins over the world's own keys.
-    over = GenRubricWorldConfig(round_overrides=(("generator_temperature", 1.0),))
-    assert gw.run_config("evolving", tmp_path, paths, over).round.generator_temperature == 1.0
+    over = GenRubricWorldConfig(round_overrides=(("generator.temperature", 1.0),))
+    assert gw.run_config("evolving", tmp_path, paths, over).round.generator.temperature == 1.0
 
 
 def test_the_answerer_trains_in_stages_until_it_follows_the_rubrics_it_is_shown(tmp_path):

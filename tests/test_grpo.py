@@ -469,7 +469,7 @@ def _decoder_update_case(lora: bool = False):
     from flax import nnx
 
     import jaxrubric
-    from jaxrubric.methods import core
+    from jaxrubric.methods.data import base_weights, trainable
     from jaxrubric.methods.update import completion_logprobs
     from jaxrubric.models.config import LoraConfig
 
@@ -479,8 +479,8 @@ def _decoder_update_case(lora: bool = False):
     for i, (name, p) in enumerate(sorted(model.layers.items())):
         if name.endswith("_lora_b"):
             p[...] = 0.1 * jax.random.normal(jax.random.key(i), p.shape)
-    graph, params = nnx.graphdef(model), nnx.state(model, core.trainable(model))
-    base = core.base_weights(model)
+    graph, params = nnx.graphdef(model), nnx.state(model, trainable(model))
+    base = base_weights(model)
     rng = np.random.default_rng(8)
     rows, width, length = 8, 4, 5
     prompt = jnp.asarray(rng.integers(3, 257, (rows, width)), jnp.int32)
@@ -497,14 +497,16 @@ def _decoder_update_case(lora: bool = False):
 
 
 def _decoder_update(aggregation, micro_batches, num_updates=2, lora=False):
-    from jaxrubric.methods.core import RoleSpec, RoleState, RoundConfig
+    from jaxrubric.methods.data import RoleState
+    from jaxrubric.methods.round_config import RoleConfig, RoundConfig
+    from jaxrubric.methods.setup import RoleSpec
     from jaxrubric.methods.update import grpo_role_update
 
     graph, params, base, batch = _decoder_update_case(lora)
     cfg = RoundConfig(aggregation=aggregation, num_updates=num_updates, logprob_chunk=2,
                       update_micro_batches=micro_batches)
     opt = optax.sgd(0.5)  # the parameters move by the gradients themselves
-    spec = RoleSpec(graph, opt, beta=0.1, compiled_out=False)
+    spec = RoleSpec(graph, opt, RoleConfig(beta=0.1), compiled_out=False)
     # The reference is the initial weights, moved a little so the KL term is not zero (LoRA:
     # the base, the adapters off).
     ref = None if lora else jax.tree.map(lambda p: p * 1.01, params)

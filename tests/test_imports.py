@@ -181,7 +181,7 @@ import jaxrubric.models.transformer as t
 from typing import TYPE_CHECKING
 from jaxrubric import roles, ModelConfig
 from . import dynamic_rubric
-from .core import RoundConfig
+from .round_config import RoundConfig
 from .. import sharding
 if TYPE_CHECKING:
     from jaxrubric.flops import round_flops
@@ -200,16 +200,16 @@ def test_the_walk_sees_every_kind_of_import():
     found = [module for _, module in imports("jaxrubric.methods.genrubric", WALKED)]
     assert sorted(found) == sorted([
         "jaxrubric", "jaxrubric.models.transformer", "jaxrubric.roles", "jaxrubric",
-        "jaxrubric.methods.dynamic_rubric", "jaxrubric.methods.core", "jaxrubric.sharding",
+        "jaxrubric.methods.dynamic_rubric", "jaxrubric.methods.round_config", "jaxrubric.sharding",
         "jaxrubric.flops", "jaxrubric.toy", "jaxrubric.plan.cli"])
     assert _base("jaxrubric.methods", 1) == "jaxrubric.methods"  # a package's own level
-    assert _base("jaxrubric.methods.core", 2) == "jaxrubric"
+    assert _base("jaxrubric.methods.data", 2) == "jaxrubric"
     assert find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": {"d"}, "e": {"a"}}) == [
         ["a", "b", "c", "a"]]
     assert closure({"a": {"b"}, "b": {"c"}, "c": set()}, "a", with_parents=False) == {
         "a": ["a"], "b": ["a", "b"], "c": ["a", "b", "c"]}
     graph = import_graph()
-    assert {"jaxrubric.methods", "jaxrubric.methods.core", "jaxrubric.train_loop",
+    assert {"jaxrubric.methods", "jaxrubric.methods.data", "jaxrubric.train_loop",
             "jaxrubric.toy", "jaxrubric.cli"} <= set(graph)
     assert "jaxrubric.methods" in graph["jaxrubric.train"]  # training asks the registry
     assert sum(map(len, graph.values())) > 2 * len(graph)

@@ -12,13 +12,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from hf_fixtures import hf_logits, make_hf_model, save_hf_model
 from helpers import round_case, stopped_after, tiny_models, tiny_tokenizer
+from hf_fixtures import hf_logits, make_hf_model, save_hf_model
 
 import jaxrubric
 from jaxrubric import sharding as shd
 from jaxrubric.config import ConfigFileError, load_config
-from jaxrubric.methods import core
+from jaxrubric.methods.data import base_weights, role_weights
+from jaxrubric.methods.dynamic_rubric import DynamicRubricConfig
+from jaxrubric.methods.genrubric import GenRubricConfig
+from jaxrubric.methods.round_config import RoleConfig
 from jaxrubric.models import adapters
 from jaxrubric.models import lora as lora_lib
 from jaxrubric.models.config import LoraConfig, tiny_config
@@ -75,13 +78,14 @@ def test_a_lora_round_trains_only_the_adapters_on_the_mesh(method):
     tokenizer = tiny_tokenizer()
     lora = LoraConfig(rank=4, alpha=8.0, dropout=0.1, targets=("q_proj", "v_proj", "down_proj"))
     models = _lora_models(tokenizer, mesh, lora)
-    base = {role: jax.device_get(core.base_weights(models[role])) for role in TRAINED}
+    base = {role: jax.device_get(base_weights(models[role])) for role in TRAINED}
     # Soft verdicts (rewards from p(yes)): a random tiny verifier's p(yes) sits near 1/2, so its
     # hard verdicts are a matter of rounding; under one compile they all came out "yes", every
     # advantage was 0 and nothing could move. p(yes) always varies.
-    config = core.RoundConfig(num_responses=4, num_rubrics=2, response_tokens=6,
-                              policy_beta=0.04, generator_beta=0.04, update_micro_batches=2,
-                              freeze_policy=False, soft_verdicts=True)
+    shared = dict(num_rubrics=2, response_tokens=6, update_micro_batches=2, soft_verdicts=True,
+                  policy=RoleConfig(beta=0.04), generator=RoleConfig(beta=0.04))
+    config = {"dynamic_rubric": DynamicRubricConfig(num_responses=4, **shared),
+              "genrubric": GenRubricConfig(**shared)}[method]
     case = round_case(method, config, mesh, tokenizer=tokenizer, models=models,
                       questions=["Sort 3 1 2."] * 8, anchors=[["1 2 3", "3 2 1"]] * 8)
     for role in TRAINED:
@@ -167,7 +171,7 @@ def test_lora_training_resumes_bit_for_bit_and_exports_both_ways(tmp_path):
     assert all(name.endswith(("_lora_a", "_lora_b")) for name in straight.policy.params["layers"])
 
     ours = nnx.merge(task.setup.graph(Role.POLICY),
-                     core.role_weights(resumed, task.frozen, Role.POLICY))
+                     role_weights(resumed, task.frozen, Role.POLICY))
     ids = np.array([[5, 17, 42, 7, 99, 3]])
     expected = np.asarray(ours(ids))[..., :len(task.tokenizer)]
     assert float(np.abs(expected - hf_logits(transformers.AutoModelForCausalLM.from_pretrained(
@@ -257,8 +261,8 @@ def test_qwen3_0p6b_shapes_forward_and_sample_with_lora():
     28 layers: every shape is there, at a third of the time (the suite's compile draws random
     weights slowly: 35 s for all 28 layers, 11 s for two)."""
     from jaxrubric import sampling
-    from jaxrubric.plan.models import KNOWN_ARCHITECTURES
     from jaxrubric.models.config import ModelConfig
+    from jaxrubric.plan.models import KNOWN_ARCHITECTURES
 
     cfg = ModelConfig.from_hf_dict({**KNOWN_ARCHITECTURES["Qwen/Qwen3-0.6B"],
                                     "num_hidden_layers": 2}, dtype="bfloat16",

@@ -27,15 +27,17 @@ from xla_flags import THREADS, with_devices
 import jaxrubric
 from jaxrubric import sharding as shd
 from jaxrubric.methods import DYNAMIC_RUBRIC
-from jaxrubric.methods.core import RoundConfig
+from jaxrubric.methods.dynamic_rubric import DynamicRubricConfig
+from jaxrubric.methods.round_config import RoleConfig
 from jaxrubric.roles import ROLES, Role
 
 MESHES = {"data": (8, 1, 1), "data_fsdp": (2, 4, 1), "fsdp_tensor": (1, 2, 4)}
 PROCESSES = (("data",), ("data_fsdp", "fsdp_tensor"))  # meshes of each process, in order
 # Soft verdicts and advantages without the std keep the update well conditioned (see
 # tests/test_multihost.py, OVERRIDES).
-ROUND = RoundConfig(num_responses=4, num_rubrics=2, response_tokens=8, logprob_chunk=8,
-                    soft_verdicts=True, advantage_mode="no_std")
+ROUND = DynamicRubricConfig(num_responses=4, num_rubrics=2, response_tokens=8, logprob_chunk=8,
+                            soft_verdicts=True, policy=RoleConfig(advantage_mode="no_std"),
+                            generator=RoleConfig(advantage_mode="no_std"))
 # Relative to each update's size; measured 6e-5 (policy) and 4e-4 (generator: rewards only
 # ~300 ulp apart, see tests/test_multihost.py, UPDATE_RTOL).
 UPDATE_RTOL = {Role.POLICY: 1e-3, Role.GENERATOR: 1e-2}

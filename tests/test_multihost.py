@@ -145,7 +145,8 @@ def test_the_heartbeat_timeout_comes_from_the_environment(fake_jax_distributed, 
 # the generator's rewards in a group can be as close as 3e-7, and dividing by their std makes
 # rounding decide the sign of the advantage (measured: 20% apart instead of 0.8%).
 OVERRIDES = ["rounds=2", "round.response_tokens=8", "rubric.max_items=2",
-             "round.soft_verdicts=True", "round.advantage_mode=no_std"]
+             "round.soft_verdicts=True", "round.policy.advantage_mode=no_std",
+             "round.generator.advantage_mode=no_std"]
 # fp32 agreement of the two runs, relative to each model's update. The all-reduces of gloo and of
 # the in-process CPU collectives sum in different orders, so rewards differ in the last bit
 # (~3e-8). The policy's rewards spread by ~1.5e-3 within a prompt's group (measured 5e-5); the

@@ -17,16 +17,18 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jaxrubric import placement
 from jaxrubric import sharding as shd
 from jaxrubric.config import ConfigFileError, load_config
-from jaxrubric.methods.core import RoundResult
+from jaxrubric.methods.data import RoundResult
 from jaxrubric.roles import Role
 from jaxrubric.train import CoevolveTask
+
 # Three disjoint meshes over the 8 test devices, each splitting the batch its own way.
 SUBMESHES = ["--config.submeshes.policy=fsdp=4", "--config.submeshes.generator=data=2",
              "--config.submeshes.verifier=fsdp=-1"]
 # Soft verdicts and advantages without the std keep the update well conditioned (see
 # tests/test_multihost.py, OVERRIDES); the held-out batch exercises the evaluation's stages.
 SMALL = ["--config.round.response_tokens=8", "--config.rubric.max_items=2",
-         "--config.round.soft_verdicts=true", "--config.round.advantage_mode=no_std",
+         "--config.round.soft_verdicts=true", "--config.round.policy.advantage_mode=no_std",
+         "--config.round.generator.advantage_mode=no_std",
          "--config.optim.policy_lr=1e-3", "--config.optim.generator_lr=1e-3"]
 MEMORY_SAVING = ["--config.round.rollout_micro_batches=2", "--config.round.update_micro_batches=2",
                  *(f"--config.{role}.attention_chunk=8" for role in placement.ROLES)]
@@ -119,7 +121,7 @@ def _rounds(config_name: str, placement_args: list[str], rounds: int = 2) -> dic
     ("tiny_dynamic_rubric.py", [], MEMORY_SAVING, 2),
     # The GenRubric config freezes its answering policy: train it, so both updates are compared;
     # both roles through LoRA adapters (the base on each role's mesh, dropout keys per row).
-    ("tiny_genrubric.py", ["--config.round.freeze_policy=false", *LORA], [], 1)],
+    ("tiny_genrubric.py", ["--config.round.policy.freeze=false", *LORA], [], 1)],
     ids=["dynamic_rubric-micro-batched-chunked", "genrubric-lora"])
 def test_submesh_round_equals_the_colocated_round(config_name, common, options, rounds):
     """Two DynamicRubric rounds (the second starts from the state the first left on the

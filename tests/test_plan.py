@@ -13,7 +13,8 @@ import pytest
 
 from jaxrubric import plan
 from jaxrubric.config import load_config, round_config
-from jaxrubric.methods import core, get_method
+from jaxrubric.methods import get_method
+from jaxrubric.methods.shapes import config_dims
 from jaxrubric.plan import compile as plan_compile
 from jaxrubric.plan import models
 from jaxrubric.recipes import SLICES, Slice
@@ -190,7 +191,7 @@ def test_recipes_share_prefixes_on_their_meshes(name, mesh, memory):
     config = load_config(recipe_path(name))
     rc, method = round_config(config), get_method(config.method)
     # Each recipe trains a role whose samples share a prompt, and shares it.
-    updates = method.round_shapes(rc, core.config_dims(config, method)).updates
+    updates = method.round_shapes(rc, config_dims(config, method.weights)).updates
     assert any(u.shared(rc) for u in updates)
     p = recipe_plan(name, mesh, memory)
     assert p["fits"], (p["total"] / GIB, p["usable"] / GIB, p["peak_phase"])
@@ -230,7 +231,7 @@ def test_micro_batches_and_chunks_shrink_their_phases():
     base = ["round.update_micro_batches=1", "round.rollout_micro_batches=1"]
     # The GenRubric recipe freezes its answering policy; train it here to see its update.
     dense = [f"{role}.attention_chunk=0" for role in ("policy", "generator", "verifier")] + [
-        "round.freeze_policy=false"]
+        "round.policy.freeze=false"]
     one = recipe_plan("qwen3_8b_genrubric", "fsdp=4", "95GiB", base + dense)
     four = recipe_plan("qwen3_8b_genrubric", "fsdp=4", "95GiB", dense + [
         "round.update_micro_batches=4", "round.rollout_micro_batches=4"])
@@ -245,7 +246,7 @@ def test_micro_batches_and_chunks_shrink_their_phases():
     assert dict(four["phases"][rollout].items)["KV cache: 64 of 256 rows x 2335 tokens"] == (
         dict(one["phases"][rollout].items)["KV cache: 256 rows x 2335 tokens"] // 4)
     chunked = recipe_plan("qwen3_8b_genrubric", "fsdp=4", "95GiB",
-                          base + ["round.freeze_policy=false"])
+                          base + ["round.policy.freeze=false"])
 
     def backward(p):
         return dict(p["phases"]["policy update"].items)["backward of one layer"]
@@ -322,7 +323,7 @@ def test_tiny_genrubric_plan_uses_its_round_shapes():
     from jaxrubric.rubric import grammar as grammar_lib
     from jaxrubric.rubric import templates as tpl
 
-    config = load_config(CONFIGS / "tiny_genrubric.py", ["round.freeze_policy=false"])
+    config = load_config(CONFIGS / "tiny_genrubric.py", ["round.policy.freeze=false"])
     p = plan.plan_memory(config, GIB, devices=8)
     tok = load_tokenizer(config.tokenizer)
     lq, m = config.data.prompt_tokens, config.rubric.max_items
@@ -462,14 +463,14 @@ def test_shared_submeshes():
 
 def test_frozen_role_runs_no_update():
     """A frozen role keeps its state but has no update: no phase, no moved inputs, no note."""
-    p = plan.plan_memory(load_config(TINY, SUBMESHES + ["round.freeze_generator=True"]), GIB)
+    p = plan.plan_memory(load_config(TINY, SUBMESHES + ["round.generator.freeze=True"]), GIB)
     generator = p["meshes"][1]
     assert "AdamW state, generator" in dict(generator["state"])
     assert list(generator["phases"]) == list(generator["moved"]) == ["generator rollout"]
     # The 8B recipe's 8 update micro-batches of its 64 prompts do not split over 16 chips.
     for frozen in (False, True):
         notes = recipe_plan("qwen3_8b_dynamic_rubric", "fsdp=16", "16GiB",
-                            [f"round.freeze_generator={frozen}"])["notes"]
+                            [f"round.generator.freeze={frozen}"])["notes"]
         assert any("generator update micro-batches" in note for note in notes) != frozen
 
 
@@ -477,20 +478,20 @@ def test_frozen_role_behind_a_runtime_switch_keeps_its_update_phase():
     """With `round.runtime_switches` a frozen role's update is compiled and skipped at run
     time: the plan keeps its phase (its memory, its micro-batch shapes)."""
     for switched in (False, True):
-        config = load_config(TINY, ["round.freeze_generator=True",
+        config = load_config(TINY, ["round.generator.freeze=True",
                                     f"round.runtime_switches={switched}"])
         config.mesh.update(plan.parse_mesh("fsdp=8"))
         assert ("generator update" in plan.plan_memory(config, GIB)["phases"]) == switched
         method = get_method(config.method)
         updates = method.round_shapes(round_config(config),
-                                      core.config_dims(config, method)).updates
+                                      config_dims(config, method.weights)).updates
         assert [u.role for u in updates] == (["generator", "policy"] if switched
                                              else ["policy"])
 
 
 def test_genrubric_submesh_plan_moves_rubrics_to_the_policy():
     p = plan.plan_memory(load_config(CONFIGS / "tiny_genrubric.py",
-                                     [*SUBMESHES, "round.freeze_policy=false"]), GIB)
+                                     [*SUBMESHES, "round.policy.freeze=false"]), GIB)
     policy = p["meshes"][0]
     assert list(policy["phases"]) == ["policy rollout (induced responses)", "policy update"]
     assert [label for label, _ in policy["moved"]["policy rollout"]] == [
@@ -717,12 +718,12 @@ def test_tiny_round_compiled_for_a_tpu_slice():
 
 
 def test_the_forward_kl_adds_the_reference_hidden_states_and_two_logit_arrays():
-    """`round.generator_kl="forward"` keeps the reference's hidden states of every completion
+    """`round.generator.kl="forward"` keeps the reference's hidden states of every completion
     token for the update, and each log-prob chunk holds the reference's log-softmax and its
     exponentials beside the role's three float32 logit arrays."""
     sampled = recipe_plan("qwen3_8b_dynamic_rubric", "fsdp=4", "95GiB", [])
     forward = recipe_plan("qwen3_8b_dynamic_rubric", "fsdp=4", "95GiB",
-                          ["round.generator_kl=forward"])
+                          ["round.generator.kl=forward"])
     before = dict(sampled["phases"]["generator update"].items)
     after = dict(forward["phases"]["generator update"].items)
     chunk = [k for k in before if k.startswith("log-prob chunk")][0]

@@ -18,7 +18,10 @@ from flax import nnx
 
 import jaxrubric
 from jaxrubric import sharding as shd
-from jaxrubric.methods import core, update
+from jaxrubric.methods import update
+from jaxrubric.methods.data import RoleState, base_weights, trainable
+from jaxrubric.methods.round_config import RoleConfig, RoundConfig
+from jaxrubric.methods.setup import RoleSpec
 from jaxrubric.models.config import LoraConfig
 from jaxrubric.rl import grpo
 
@@ -69,16 +72,16 @@ def _update(lora: bool, aggregation: str, micro_batches: int, shared: bool, mesh
     on it by the rules table; `kl`: `RoleSpec.kl`."""
     model, (prompt, prompt_mask, completion, mask, sampler, advantages) = _case(lora)
     graph = nnx.graphdef(model)
-    params, base = nnx.state(model, core.trainable(model)), core.base_weights(model)
+    params, base = nnx.state(model, trainable(model)), base_weights(model)
     if mesh is not None:
         params = jax.device_put(params, shd.state_shardings(params, mesh))
         prompt, prompt_mask, completion, mask, sampler, advantages = (
             jax.device_put(x, shd.batch_sharding(mesh, x.ndim))
             for x in (prompt, prompt_mask, completion, mask, sampler, advantages))
-    cfg = core.RoundConfig(aggregation=aggregation, num_updates=2, logprob_chunk=2,
+    cfg = RoundConfig(aggregation=aggregation, num_updates=2, logprob_chunk=2,
                            update_micro_batches=micro_batches)
     opt = optax.sgd(0.5)
-    spec = core.RoleSpec(graph, opt, beta=0.1, compiled_out=False, kl=kl)
+    spec = RoleSpec(graph, opt, RoleConfig(beta=0.1, kl=kl), compiled_out=False)
     ref = None if lora else jax.tree.map(lambda p: p * 1.01, params)
     if shared:
         inputs = (prompt, prompt_mask, completion, mask, sampler, advantages)
@@ -86,7 +89,7 @@ def _update(lora: bool, aggregation: str, micro_batches: int, shared: bool, mesh
         inputs = (jnp.repeat(prompt, S, 0), jnp.repeat(prompt_mask, S, 0), _rows(completion),
                   _rows(mask), _rows(sampler), _rows(advantages))
     step = jax.jit(lambda p: update.grpo_role_update(
-        cfg, spec, core.RoleState(p, opt.init(p)), base, ref, *inputs, jax.random.key(0)))
+        cfg, spec, RoleState(p, opt.init(p)), base, ref, *inputs, jax.random.key(0)))
     return step(params)
 
 

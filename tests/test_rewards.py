@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxrubric.rewards import credit
 from jaxrubric.rewards import dynamic_rubric as dr
 from jaxrubric.rewards import genrubric as gr
 from jaxrubric.rl.grpo import group_advantages
@@ -308,7 +309,7 @@ def test_token_level_advantages_by_hand():
     seq_adv = jnp.array([1.0, -1.0])
     item_adv = jnp.array([[0.5, -0.5, 0.0], [2.0, 0.25, 0.0]])
     idx = jnp.array([[-1, 0, 0, -1, 1, 1, -1], [-1, 1, -1, 0, 0, -1, -1]])
-    got = gr.token_level_advantages(seq_adv, item_adv, idx)
+    got = credit.token_level_advantages(seq_adv, item_adv, idx)
     want = [[1.0, 1.5, 1.5, 1.0, 0.5, 0.5, 1.0], [-1.0, -0.75, -1.0, 1.0, 1.0, -1.0, -1.0]]
     np.testing.assert_allclose(got, want)
 
@@ -316,7 +317,7 @@ def test_token_level_advantages_by_hand():
 def test_item_advantages_are_z_scored_over_valid_items_of_the_query():
     item_reward = jnp.array([[1.0, 0.5, 0.0], [0.0, 1.0, 0.7]])
     mask = jnp.array([[True, True, False], [True, True, False]])
-    got = gr.item_advantages(item_reward, mask)
+    got = credit.item_advantages(item_reward, mask)
     vals = np.array([1.0, 0.5, 0.0, 1.0])
     z = (vals - vals.mean()) / (vals.std() + 1e-6)
     np.testing.assert_allclose(got, [[z[0], z[1], 0.0], [z[2], z[3], 0.0]], rtol=1e-5)
@@ -328,8 +329,8 @@ def test_genrubric_token_advantages_composes():
     mask = iv & np.asarray(gr.group_validity(w, iv))[:, None]
     idx = jnp.array([[-1, 0, 1, -1], [0, -1, 1, -1], [-1, 0, 0, -1]])
     got = gr.genrubric_token_advantages(seq, item, mask, idx, mode="no_std")
-    want = gr.token_level_advantages(group_advantages(seq, mode="no_std"),
-                                     gr.item_advantages(item, mask, mode="no_std"), idx)
+    want = credit.token_level_advantages(group_advantages(seq, mode="no_std"),
+                                     credit.item_advantages(item, mask, mode="no_std"), idx)
     np.testing.assert_allclose(got, want, atol=1e-6)
     np.testing.assert_allclose(got[:, 0], np.asarray(seq) - np.mean(seq), atol=1e-6)
 

@@ -334,7 +334,7 @@ def test_only_the_compared_runs_evaluate_on_the_held_out_set(tmp_path):
         c = world_runs.run_config(name, tmp_path, paths, cfg,
                                   tmp_path / "models" / "generator_cold")
         assert (c.data.eval, c.eval_every, c.rounds) == ("", 0, cfg.generator_rounds)
-        assert c.round.freeze_policy
+        assert c.round.policy.freeze
     for name in RUNS:
         c = world_runs.run_config(name, tmp_path, paths, cfg, tmp_path / "models" / "generator")
         assert (c.data.eval, c.eval_every) == (str(paths["eval"]), cfg.eval_every)
@@ -348,13 +348,14 @@ def test_the_runs_of_one_generator_kind_differ_only_in_runtime_switches(tmp_path
     pieces of a round's 8."""
     cfg = ToyWorldConfig()
     paths = world_runs.write_data(tmp_path, cfg)
-    switches = ("freeze_policy", "freeze_generator", "policy_reward")
     for names in (("generator", "coevolve", "frozen", "oracle"), ("generator_static", "static")):
         rounds = []
         for name in names:
             c = world_runs.run_config(name, tmp_path, paths, cfg, tmp_path / "models" / "generator")
             assert c.round.runtime_switches and c.round.eval_micro_batches == 32
-            rounds.append({k: v for k, v in c.round.to_dict().items() if k not in switches})
+            r = c.round.to_dict()  # less the switches: the roles' freeze and the policy reward
+            del r["policy"]["freeze"], r["generator"]["freeze"], r["policy_reward"]
+            rounds.append(r)
         assert all(r == rounds[0] for r in rounds), names
 
 
@@ -366,9 +367,9 @@ def test_every_compared_run_trains_its_policy_alike(tmp_path):
     paths = world_runs.write_data(tmp_path, cfg)
     for name in RUNS:
         c = world_runs.run_config(name, tmp_path, paths, cfg, tmp_path / "models" / "generator")
-        assert c.round.policy_beta == 0.07 and not c.round.freeze_policy
-        assert (c.round.policy_advantage_mode, c.round.advantage_mode) == ("batch_std",
-                                                                           "group_std")
+        assert c.round.policy.beta == 0.07 and not c.round.policy.freeze
+        assert (c.round.policy.advantage_mode, c.round.generator.advantage_mode) == (
+            "batch_std", "group_std")
 
 
 def test_a_cold_start_reference_reaches_the_trained_compared_generators_only(tmp_path):

@@ -61,6 +61,18 @@ def test_train_resume_equals_uninterrupted_and_exports(tmp_path, capsys):
     assert transformers.AutoTokenizer.from_pretrained(out).chat_template
 
 
+def test_a_run_saved_in_the_earlier_config_layout_resumes_and_exports(saved_v1_workdir, capsys):
+    """A workdir written before the round's per-role settings became records (`config.json`
+    and the checkpoint's run config in the old layout, tests/data/README.md) resumes under
+    its own config, read in today's layout, and exports its LoRA policy."""
+    assert main(["train", "--config", str(saved_v1_workdir / "config.json"),
+                 "--config.rounds=2", "--workdir", str(saved_v1_workdir)]) == 0
+    assert "resumed from round 1" in capsys.readouterr().out
+    assert main(["export", "--workdir", str(saved_v1_workdir), "--role", "policy",
+                 "--out", str(saved_v1_workdir / "policy_hf")]) == 0
+    assert "exported the policy's weights of round 2" in capsys.readouterr().out
+
+
 def test_a_kl_reference_other_than_the_starting_weights(tmp_path):
     """`config.<role>.reference`: the KL term reads that checkpoint (here the policy's weights
     saved), not the weights the role starts from; another architecture, or a LoRA role, is
@@ -70,7 +82,7 @@ def test_a_kl_reference_other_than_the_starting_weights(tmp_path):
     from jaxrubric.roles import Role
 
     task = CoevolveTask(load_config(CONFIG))
-    assert task.frozen.generator_ref is not None  # generator_beta > 0: a reference is held
+    assert task.frozen.generator_ref is not None  # its beta > 0: a reference is held
     started = nnx.to_pure_dict(task.frozen.generator_ref)
     jax.tree.map(np.testing.assert_array_equal, started, nnx.to_pure_dict(
         nnx.state(task.models[Role.GENERATOR], nnx.Param)))
@@ -99,7 +111,7 @@ def test_role_layers_unrolled_and_runtime_switches_from_the_config():
 
     task = CoevolveTask(load_config(CONFIG, ["policy.scan_layers=false",
                                              "round.runtime_switches=true",
-                                             "round.freeze_generator=true"]))
+                                             "round.generator.freeze=true"]))
     assert not task.models[Role.POLICY].config.scan_layers  # a Python loop over the layers
     assert task.models[Role.GENERATOR].config.scan_layers
     assert jax.device_get(task.frozen.switches) == (True, False, False)
@@ -139,7 +151,7 @@ def test_an_oracle_comes_with_the_config_that_names_it(tmp_path):
 @pytest.mark.parametrize("name", ["qwen3_8b_dynamic_rubric", "llama31_8b_dynamic_rubric"])
 def test_recipes_load_and_check(name):
     config = load_config(Path(CONFIG).parent / f"{name}.py")
-    assert config.round.num_responses == 8 and config.round.policy_beta == 0.01
+    assert config.round.num_responses == 8 and config.round.policy.beta == 0.01
     assert (config.optim.policy_lr, config.optim.generator_lr) == (1e-6, 5e-6)
     assert config.policy.path and config.data.train
 

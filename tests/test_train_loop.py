@@ -88,7 +88,7 @@ class ToyTask:
 
 
 class Result(NamedTuple):
-    """A round's result as the co-evolution tasks return it (`methods.core.RoundResult`)."""
+    """A round's result as the co-evolution tasks return it (`methods.data.RoundResult`)."""
 
     scalars: dict
     outputs: dict

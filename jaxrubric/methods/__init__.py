@@ -1,6 +1,6 @@
 """The co-evolution methods, by name: the one place that reads `config.method`.
 
-A method is one file (`dynamic_rubric.py`, `genrubric.py`) holding a `Method` (`core.py`); a
+A method is one file (`dynamic_rubric.py`, `genrubric.py`) holding a `Method` (`method.py`); a
 third method is one new file and one line here.
 """
 
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import difflib
 
-from jaxrubric.methods.core import Method
 from jaxrubric.methods.dynamic_rubric import DYNAMIC_RUBRIC
 from jaxrubric.methods.genrubric import GENRUBRIC
+from jaxrubric.methods.method import Method
 
 METHODS: dict[str, Method] = {m.name: m for m in (DYNAMIC_RUBRIC, GENRUBRIC)}
 

@@ -15,20 +15,29 @@ One round (docs/design.md, §1 and §6), stage by stage as `round` runs them:
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, NamedTuple
+import dataclasses
+from collections.abc import Collection, Mapping
+from typing import Any, ClassVar, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from jaxrubric import placement, sampling
-from jaxrubric.methods import core
-from jaxrubric.methods.core import (Anchors, Frozen, PolicyPrompt, Question, Read, RoundBatch,
-                                    RoundConfig, RoundDims, RoundResult, RoundSetup,
-                                    RoundShapes, RoundState, Sampling, Verification)
+from jaxrubric.methods.data import (Anchors, Frozen, PolicyPrompt, Question, RoundBatch,
+                                    RoundResult, RoundState, role_weights)
+from jaxrubric.methods.method import Method, verifier_messages
+from jaxrubric.methods.round_config import RoundConfig
+from jaxrubric.methods.setup import RoundSetup
+from jaxrubric.methods.shapes import (Read, RoundDims, RoundShapes, Sampling, Verification,
+                                      anchor_row_bytes, check_micro_batches, config_dims,
+                                      parsed_row_bytes, question_row_bytes, sample_row_bytes,
+                                      trained_updates)
+from jaxrubric.methods.steps import judge, text_lengths, write_rubrics
 from jaxrubric.methods.update import UpdateInputs, update_roles
-from jaxrubric.rewards import genrubric as gr
-from jaxrubric.rewards.dynamic_rubric import (dynamic_rubric_rewards, generator_advantages,
+from jaxrubric.rewards import credit
+from jaxrubric.rewards.dynamic_rubric import (DISC_MODES, GENERATOR_COMBINES,
+                                              dynamic_rubric_rewards, generator_advantages,
                                               item_rewards, preference_pairs)
 from jaxrubric.rl import grpo
 from jaxrubric.roles import TRAINED, Role
@@ -39,7 +48,67 @@ from jaxrubric.rubric.scores import dynamic_rubric_score
 PyTree = Any
 
 
-def shown_responses(config: RoundConfig) -> int:
+
+# ------------------------------------------------------------------------------ settings
+@dataclasses.dataclass(frozen=True)
+class DynamicRubricConfig(RoundConfig):
+    """DynamicRubric's round: the shared settings and its own."""
+
+    num_responses: int = 8  # K answers per prompt
+    anchor_weight: float = 1.0  # lambda
+    disc_mode: str = "item_variance"  # `rewards.dynamic_rubric.discriminability`
+    # How the generator's two rewards combine: "advantage" (the paper's: each reward
+    # normalised over the prompt's G rubrics, then adv(disc) + anchor_weight adv(anchor)), or
+    # "reward" (one advantage of disc + anchor_weight anchor). Invalid rubrics rank last in both.
+    generator_combine: str = "advantage"
+    # Which rubric scores the policy: the mean over valid groups, or the group the generator's
+    # reward ranks best (the sharpest evaluator of this round).
+    policy_score: Literal["mean", "best_group"] = "mean"
+    # "dynamic": the generator sees the prompt and the K responses; "static": the prompt alone,
+    # the baseline DynamicRubric claims to beat (same rewards, same updates).
+    rubric_source: Literal["dynamic", "static"] = "dynamic"
+    # "rubric": the policy is rewarded by rubric scores; "oracle": by the setup's ground-truth
+    # reward (a toy world's checker), the ceiling the rubric runs are compared with.
+    policy_reward: Literal["rubric", "oracle"] = "rubric"
+    # Of the G rubrics per prompt, the last `explorer_rubrics` are written by a fixed explorer
+    # (`config.generator.explorer`, e.g. the generator's SFT cold start). They are judged and
+    # rewarded with the group, and the generator learns from them as from its own (off-policy:
+    # their old log-probs are the generator's own, so the ratio starts at 1, and no KL term),
+    # but they never score the policy. Items the generator has stopped writing still reach its
+    # rewards this way; GRPO on its own samples never sees them again.
+    explorer_rubrics: int = 0
+    # Item-level credit on the generator's item tokens, this coefficient times each item's own
+    # advantage (`rewards.dynamic_rubric.item_rewards`: its discriminability and anchor ranking
+    # as a one-item rubric, normalised over the prompt's items) added to its rubric's. A
+    # rubric's reward cannot say which of its items earned it.
+    item_credit: float = 0.0
+
+    CHOICES: ClassVar[Mapping[str, Collection[str]]] = {
+        "disc_mode": DISC_MODES, "generator_combine": GENERATOR_COMBINES}
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.num_responses < 2:
+            raise ValueError(f"num_responses must be >= 2 (GRPO needs a group), got "
+                             f"{self.num_responses}")
+        if not 0 <= self.explorer_rubrics < self.num_rubrics:
+            raise ValueError(f"explorer_rubrics must be in [0, num_rubrics) (the generator "
+                             f"writes the others), got {self.explorer_rubrics} of "
+                             f"{self.num_rubrics}")
+        if self.item_credit < 0:
+            raise ValueError(f"item_credit must be >= 0, got {self.item_credit}")
+
+    @property
+    def oracle_rewards(self) -> bool:
+        return self.policy_reward == "oracle"
+
+
+def explorer_groups(config: DynamicRubricConfig) -> jax.Array:
+    """`[G]`: True for the rubrics the explorer writes (the last `explorer_rubrics`)."""
+    return jnp.arange(config.num_rubrics) >= config.num_rubrics - config.explorer_rubrics
+
+
+def shown_responses(config: DynamicRubricConfig) -> int:
     """How many responses the generator sees: all K, or none for the static baseline."""
     return 0 if config.rubric_source == "static" else config.num_responses
 
@@ -53,9 +122,9 @@ def respond_stage(setup: RoundSetup, policy_params: nnx.State, prompt: PolicyPro
     responses = sampling.sample(
         nnx.merge(setup.graph(Role.POLICY), policy_params), prompt.tokens, prompt.mask,
         prompt.lengths, jax.random.split(rng)[0], num_samples=cfg.num_responses,
-        max_new_tokens=cfg.response_tokens, temperature=cfg.policy_temperature, top_p=cfg.top_p,
+        max_new_tokens=cfg.response_tokens, temperature=cfg.policy.temperature, top_p=cfg.top_p,
         stop_token_ids=setup.stop_token_ids, micro_batches=cfg.rollout_micro_batches)
-    return responses, core.text_lengths(responses)
+    return responses, text_lengths(responses)
 
 
 def generator_input(setup: RoundSetup, question: Question, responses: sampling.SampleResult,
@@ -81,8 +150,8 @@ def write_stage(setup: RoundSetup, generator_params: nnx.State, question: Questi
     explorer = (None if explorer_params is None
                 else nnx.merge(setup.graph(Role.GENERATOR), explorer_params))
     gen_input = generator_input(setup, question, responses, text_len)
-    return (gen_input, *core.write_rubrics(setup, generator, gen_input, jax.random.split(rng)[1],
-                                           explorer))
+    return (gen_input, *write_rubrics(setup, generator, gen_input, jax.random.split(rng)[1],
+                                      explorer, setup.config.explorer_rubrics))
 
 
 class Judged(NamedTuple):
@@ -119,10 +188,10 @@ def judge_stage(setup: RoundSetup, verifier_params: nnx.State, question: Questio
     runtime switch (`RunSwitches.oracle_reward`) in place of `policy_reward`."""
     cfg = setup.config
     verifier = nnx.merge(setup.graph(Role.VERIFIER), verifier_params)
-    verdicts = core.judge(setup, verifier, question, responses.tokens, text_len, parsed,
-                          parsed.valid)  # [B, K, G, M]
-    anchor_verdicts = core.judge(setup, verifier, question, anchors.tokens, anchors.lengths,
-                                 parsed, parsed.valid)  # [B, n, G, M]
+    verdicts = judge(setup, verifier, question, responses.tokens, text_len, parsed,
+                     parsed.valid)  # [B, K, G, M]
+    anchor_verdicts = judge(setup, verifier, question, anchors.tokens, anchors.lengths,
+                            parsed, parsed.valid)  # [B, n, G, M]
 
     weights = parsed.weights.astype(jnp.float32)
     scores, _ = dynamic_rubric_score(verdicts, weights[:, None], parsed.valid[:, None])
@@ -137,7 +206,7 @@ def judge_stage(setup: RoundSetup, verifier_params: nnx.State, question: Questio
     # below every reward: a valid rubric that reverses the anchors scores J_anchor ~ -1.06).
     gen_advantages = generator_advantages(
         parts["disc"], parts["anchor"], group_valid, lam=cfg.anchor_weight,
-        combine=cfg.generator_combine, mode=cfg.advantage_mode)
+        combine=cfg.generator_combine, mode=cfg.generator.advantage_mode)
 
     item_adv, item_metrics = None, {}
     if cfg.item_credit:
@@ -146,13 +215,13 @@ def judge_stage(setup: RoundSetup, verifier_params: nnx.State, question: Questio
             verdicts.transpose(0, 2, 1, 3), anchor_verdicts.transpose(0, 2, 1, 3), item_mask,
             anchor_mask=anchors.mask, anchor_ranks=anchors.ranks)
         item_adv = cfg.item_credit * (
-            gr.item_advantages(item_disc, item_mask, mode=cfg.advantage_mode)
-            + cfg.anchor_weight * gr.item_advantages(item_anchor, item_mask,
-                                                     mode=cfg.advantage_mode))
+            credit.item_advantages(item_disc, item_mask, mode=cfg.generator.advantage_mode)
+            + cfg.anchor_weight * credit.item_advantages(
+                item_anchor, item_mask, mode=cfg.generator.advantage_mode))
         item_metrics = {"generator/item_discriminability": grpo.masked_mean(item_disc, item_mask),
                         "generator/item_anchor": grpo.masked_mean(item_anchor, item_mask)}
     # The explorer's rubrics only teach the generator: the evaluator is the generator's own.
-    explored = core.explorer_groups(cfg)
+    explored = explorer_groups(cfg)
     scoring = group_valid & ~explored
     if cfg.policy_score == "best_group":  # the rubric the generator's advantage ranks first
         best = jnp.argmax(jnp.where(scoring, gen_advantages, -jnp.inf), axis=-1)
@@ -187,7 +256,7 @@ def judge_stage(setup: RoundSetup, verifier_params: nnx.State, question: Questio
             group_valid.astype(jnp.float32), jnp.broadcast_to(explored, group_valid.shape))
     return Judged(verdicts, scores, anchor_scores, group_valid, scoring, gen_reward, parts["disc"],
                   parts["anchor"], rubric_reward, policy_reward, oracle, gen_advantages,
-                  item_adv, grpo.group_advantages(policy_reward, mode=cfg.advantages(Role.POLICY)),
+                  item_adv, grpo.group_advantages(policy_reward, mode=cfg.policy.advantage_mode),
                   metrics)
 
 
@@ -205,7 +274,7 @@ class Rollout(NamedTuple):
 def rollout(setup: RoundSetup, state: RoundState, frozen: Frozen, batch: RoundBatch,
             rng: jax.Array, run: placement.Placement) -> Rollout:
     """Stages 1-3: responses, rubrics, verdicts, scores and both roles' rewards."""
-    weights = {role: core.role_weights(state, frozen, role) for role in TRAINED}
+    weights = {role: role_weights(state, frozen, role) for role in TRAINED}
     responses, text_len = run(Role.POLICY, respond_stage, weights[Role.POLICY], batch.policy, rng)
     gen_input, rubrics, parsed = run(Role.GENERATOR, write_stage, weights[Role.GENERATOR],
                                      batch.question, responses, text_len, rng,
@@ -222,7 +291,7 @@ def generator_update_advantages(judged: Judged, parsed: grammar_lib.ParsedRubric
     `[B, G, L]`, each item token adding its item's (scaled) advantage."""
     if judged.item_advantages is None:
         return judged.generator_advantages
-    return gr.token_level_advantages(judged.generator_advantages, judged.item_advantages,
+    return credit.token_level_advantages(judged.generator_advantages, judged.item_advantages,
                                      parsed.token_item)
 
 
@@ -240,7 +309,7 @@ def dynamic_rubric_round(setup: RoundSetup, state: RoundState, frozen: Frozen,
                          batch: RoundBatch, rng: jax.Array,
                          run: placement.Placement | None = None
                          ) -> tuple[RoundState, RoundResult]:
-    """One DynamicRubric co-evolution round (pure; `core.make_round_step` jits it).
+    """One DynamicRubric co-evolution round (pure; `programs.make_round_step` jits it).
 
     `frozen`: the verifier, and each trained role's KL reference when its beta > 0. `run`:
     where the stages run (`placement`; default inline: one program under `jax.jit`).
@@ -253,7 +322,7 @@ def dynamic_rubric_round(setup: RoundSetup, state: RoundState, frozen: Frozen,
         Role.GENERATOR: UpdateInputs(
             out.gen_input.tokens, out.gen_input.mask, out.rubrics,
             generator_update_advantages(out.judged, out.parsed),
-            jnp.broadcast_to(core.explorer_groups(setup.config), out.rubrics.lengths.shape)
+            jnp.broadcast_to(explorer_groups(setup.config), out.rubrics.lengths.shape)
             if setup.config.explorer_rubrics else None),
         Role.POLICY: UpdateInputs(batch.policy.tokens, batch.policy.mask, out.responses,
                                   out.judged.policy_advantages),
@@ -324,37 +393,35 @@ def dynamic_rubric_evaluation(setup: RoundSetup, state: RoundState, frozen: Froz
 
 
 # ------------------------------------------------------------------------------ the method
-# Round keys only GenRubric reads (what they set), refused here unless at their defaults.
-GENRUBRIC_ROUND_KEYS = {
-    "shuffle_generator_credit": "its control run",
-    "induce_common_noise": "its induced responses' noise",
-    "induced_responses": "responses per rubric group; DynamicRubric samples "
-                         "round.num_responses per prompt",
-}
-DEFAULT_ROUND = RoundConfig()
-
-
-class DynamicRubric(core.Method):
+class DynamicRubric(Method):
     """DynamicRubric (see the module docstring)."""
 
     name: ClassVar[str] = "dynamic_rubric"
     weights: ClassVar[tuple[int, ...]] = grammar_lib.POSITIVE_WEIGHTS
     evaluates: ClassVar[bool] = True
+    round_config: ClassVar[type[DynamicRubricConfig]] = DynamicRubricConfig
 
     def check_config(self, config: Any) -> None:
-        rc = RoundConfig(**config.round.to_dict())
+        if config.round.policy_reward == "oracle" and not config.oracle:
+            raise ValueError("config.round.policy_reward='oracle' needs config.oracle")
+        if bool(config.round.explorer_rubrics) != bool(config.generator.explorer):
+            raise ValueError(
+                "config.round.explorer_rubrics and config.generator.explorer go together: the "
+                "explorer's checkpoint writes that many of each prompt's rubrics (got "
+                f"{config.round.explorer_rubrics} and {config.generator.explorer!r})")
+        if config.generator.explorer and config.generator.lora.rank:
+            raise ValueError("config.generator.explorer: the explorer shares the generator's "
+                             "model graph, so it needs a fully fine-tuned generator "
+                             "(generator.lora.rank 0)")
+        rc = self.round_config.from_tree(config.round.to_dict())
         eval_prompts = (config.data.eval_batch_size or config.data.batch_size
                         if config.data.eval else None)
-        core.check_micro_batches(rc, self.round_shapes(rc, core.config_dims(config, self)),
-                                 eval_prompts)
+        check_micro_batches(rc, self.round_shapes(rc, config_dims(config, self.weights)),
+                            eval_prompts)
 
     def check_round(self, config, oracle_reward):
         if config.policy_reward == "oracle" and oracle_reward is None:
             raise ValueError("policy_reward='oracle' needs an oracle_reward function")
-        for key, what in GENRUBRIC_ROUND_KEYS.items():
-            if getattr(config, key) != getattr(DEFAULT_ROUND, key):
-                raise ValueError(f"round.{key} is GenRubric's ({what}); DynamicRubric has no "
-                                 "such option")
 
     def round(self, setup, state, frozen, batch, rng, run=None):
         return dynamic_rubric_round(setup, state, frozen, batch, rng, run)
@@ -378,17 +445,17 @@ class DynamicRubric(core.Method):
             "generator": (tpl.dynamic_rubric_generator_messages(
                 mark("prompt"), [mark(r) for r in responses], max_items=max_items,
                 style=style), ("prompt", *responses)),
-            "verifier": core.verifier_messages(style)}
+            "verifier": verifier_messages(style)}
 
-    def round_shapes(self, config: RoundConfig, dims: RoundDims) -> RoundShapes:
+    def round_shapes(self, config: DynamicRubricConfig, dims: RoundDims) -> RoundShapes:
         b, k, g, n = dims.batch, config.num_responses, config.num_rubrics, config.response_tokens
         generator_prompt = (dims.generator_constant + dims.question
                             + shown_responses(config) * n)
         prefix = dims.verifier_head + dims.question
         branches, branch = g * dims.items, dims.item_tokens + dims.readout_suffix
-        responses = k * (core.sample_row_bytes(n) + 4)  # + text_len
-        rubrics = g * core.sample_row_bytes(dims.rubric)
-        parsed = g * core.parsed_row_bytes(dims)
+        responses = k * (sample_row_bytes(n) + 4)  # + text_len
+        rubrics = g * sample_row_bytes(dims.rubric)
+        parsed = g * parsed_row_bytes(dims)
         return RoundShapes(
             sampling=(Sampling(Role.POLICY, "policy rollout", b, k, dims.policy_prompt, n),
                       Sampling(Role.GENERATOR, "generator rollout", b, g, generator_prompt,
@@ -396,15 +463,15 @@ class DynamicRubric(core.Method):
             verification=(Verification("responses", b * k, prefix + n, branches, branch),
                           Verification("anchors", b * dims.anchors, prefix + dims.anchor_len,
                                        branches, branch)),
-            updates=core.trained_updates(config, {
+            updates=trained_updates(config, {
                 Role.GENERATOR: (b * g, generator_prompt, dims.rubric, g),
                 Role.POLICY: (b * k, dims.policy_prompt, n, k)}),
             reads={
                 "policy rollout": (),
                 "generator rollout": (Read(Role.POLICY, "prompts, responses, rng key",
-                                           core.question_row_bytes(dims) + responses, 8),),
+                                           question_row_bytes(dims) + responses, 8),),
                 "verifier": (Read(Role.POLICY, "questions, anchors, responses",
-                                  core.question_row_bytes(dims) + core.anchor_row_bytes(dims)
+                                  question_row_bytes(dims) + anchor_row_bytes(dims)
                                   + responses),
                              Read(Role.GENERATOR, "rubrics, parsed", rubrics + parsed)),
                 "generator update": (Read(Role.VERIFIER, "advantages", 4 * g),

@@ -26,7 +26,7 @@ into agreement metrics.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, ClassVar, NamedTuple
 
 import jax
@@ -35,10 +35,15 @@ from flax import nnx
 
 from jaxrubric import placement, sampling
 from jaxrubric.eval.expert_agreement import ExpertBatch, ExpertRows
-from jaxrubric.methods import core
-from jaxrubric.methods.core import (Frozen, Question, Read, RoundBatch, RoundConfig, RoundDims,
-                                    RoundResult, RoundSetup, RoundShapes, RoundState, Sampling,
-                                    Verification)
+from jaxrubric.methods.data import (Frozen, Question, RoundBatch, RoundResult, RoundState,
+                                    role_weights)
+from jaxrubric.methods.method import Method, verifier_messages
+from jaxrubric.methods.round_config import RoundConfig
+from jaxrubric.methods.setup import RoundSetup
+from jaxrubric.methods.shapes import (Read, RoundDims, RoundShapes, Sampling, Verification,
+                                      check_micro_batches, config_dims, parsed_row_bytes,
+                                      question_row_bytes, sample_row_bytes, trained_updates)
+from jaxrubric.methods.steps import judge, text_lengths, write_rubrics
 from jaxrubric.methods.update import UpdateInputs, update_roles
 from jaxrubric.rewards import genrubric as gr
 from jaxrubric.rl import grpo
@@ -50,6 +55,50 @@ from jaxrubric.rubric import verifier as ver
 PyTree = Any
 
 
+
+# ------------------------------------------------------------------------------ settings
+@dataclasses.dataclass(frozen=True)
+class GenRubricConfig(RoundConfig):
+    """GenRubric's round: the shared settings and its own."""
+
+    # Reward coefficients (`rewards.genrubric.genrubric_rewards`): sequence reward =
+    # comprehensiveness + group discrimination; item reward = discriminative + non-redundant.
+    # The paper's ablation keeps comprehensiveness alone.
+    comprehensiveness_coef: float = 1.0
+    discrimination_coef: float = 1.0
+    discriminative_coef: float = 0.5
+    nonredundant_coef: float = 0.5
+    # How group discrimination measures a rubric's spread over the induced responses
+    # (`rewards.genrubric.group_discrimination`): "std", "range", or "pairs" (the share of
+    # response pairs it scores apart, which a coarser rubric cannot raise).
+    discrimination_spread: str = "std"
+    # A control, not a method: the generator's rewards are shuffled among each query's groups
+    # (and items) before they become advantages (`generator_credit`), so an agreement that
+    # rises anyway comes from sharpening the sampled distribution, not from what the rewards
+    # say.
+    shuffle_generator_credit: bool = False
+    # The responses a query's G rubrics induce draw the same sampling noise (common random
+    # numbers). Each response keeps its distribution, so every reward keeps its expectation;
+    # where two rubrics leave the policy equally unsure (a requirement neither states) their
+    # responses make the same choice, so the comparison among the query's groups, which is all
+    # GRPO's advantages read, reflects what the rubrics say rather than the policy's coin flips.
+    induce_common_noise: bool = False
+    # Responses each rubric group induces (the paper: 1). Its rewards are averaged over them, a
+    # Monte Carlo average of the same expectation with less of the policy's sampling noise in
+    # each group's reward; the policy's advantages span a query's G x N responses.
+    induced_responses: int = 1
+
+    CHOICES: ClassVar[Mapping[str, Collection[str]]] = {"discrimination_spread": gr.SPREADS}
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.num_rubrics < 2:
+            raise ValueError("num_rubrics must be >= 2 for GenRubric (each group's induced "
+                             f"response is judged by the other groups), got {self.num_rubrics}")
+        if self.induced_responses < 1:
+            raise ValueError(f"induced_responses must be >= 1, got {self.induced_responses}")
+
+
 # ------------------------------------------------------------------------------ stages
 def write_stage(setup: RoundSetup, generator_params: nnx.State, question: Question,
                 rng: jax.Array
@@ -59,7 +108,7 @@ def write_stage(setup: RoundSetup, generator_params: nnx.State, question: Questi
     generator = nnx.merge(setup.graph(Role.GENERATOR), generator_params)
     gen_input = tpl.assemble(setup.generator_template, [question.tokens], [question.lengths],
                              pad_id=setup.pad_id, align="right")
-    return (gen_input, *core.write_rubrics(setup, generator, gen_input, jax.random.split(rng)[0]))
+    return (gen_input, *write_rubrics(setup, generator, gen_input, jax.random.split(rng)[0]))
 
 
 class Induced(NamedTuple):
@@ -79,7 +128,7 @@ def induce_stage(setup: RoundSetup, policy_params: nnx.State, question: Question
     policy = nnx.merge(setup.graph(Role.POLICY), policy_params)
     batch_size, G = rubrics.tokens.shape[:2]
     rows, n = batch_size * G, cfg.induced_responses
-    slots = {"rubric": (rubrics.tokens, core.text_lengths(rubrics)),
+    slots = {"rubric": (rubrics.tokens, text_lengths(rubrics)),
              "prompt": (question.tokens[:, None], question.lengths[:, None])}
     induced = tpl.assemble(setup.induced_template,
                            [slots[s][0] for s in setup.induced_template.slots],
@@ -88,11 +137,11 @@ def induce_stage(setup: RoundSetup, policy_params: nnx.State, question: Question
     sampled = sampling.sample(
         policy, induced.tokens.reshape(rows, -1), induced.mask.reshape(rows, -1),
         induced.lengths.reshape(rows), jax.random.split(rng)[1], num_samples=n,
-        max_new_tokens=cfg.response_tokens, temperature=cfg.policy_temperature, top_p=cfg.top_p,
+        max_new_tokens=cfg.response_tokens, temperature=cfg.policy.temperature, top_p=cfg.top_p,
         stop_token_ids=setup.stop_token_ids, micro_batches=cfg.rollout_micro_batches,
         noise_rows=common_noise_rows(batch_size, G, n) if cfg.induce_common_noise else None)
     responses = jax.tree.map(lambda x: x.reshape(batch_size, G * n, *x.shape[2:]), sampled)
-    return Induced(induced, responses, core.text_lengths(responses))
+    return Induced(induced, responses, text_lengths(responses))
 
 
 def common_noise_rows(batch_size: int, groups: int, n: int) -> jax.Array:
@@ -162,7 +211,7 @@ def generator_credit(parsed: grammar_lib.ParsedRubric, verdicts: jax.Array, *,
     An incomplete rubric (no end token, or a forbidden token) counts as malformed: its items
     are dropped, so `genrubric_rewards` gives it reward 0 and keeps it out of evaluation.
 
-    `shuffle_key` (the control of `RoundConfig.shuffle_generator_credit`): each query's
+    `shuffle_key` (the control of `GenRubricConfig.shuffle_generator_credit`): each query's
     sequence rewards are permuted among its well-formed groups and its item rewards among its
     valid items before they become advantages, so the update keeps its size and spread but no
     longer says which rubric earned what. The returned rewards are the shuffled ones.
@@ -188,20 +237,19 @@ def generator_credit(parsed: grammar_lib.ParsedRubric, verdicts: jax.Array, *,
     return GeneratorCredit(item_valid, group_valid, scores, sequence, item, advantages)
 
 
-def reward_coefficients(config: RoundConfig) -> dict[str, float]:
+def reward_coefficients(config: GenRubricConfig) -> dict[str, float]:
     """The round config's GenRubric reward coefficients, as `genrubric_rewards` takes them."""
     return {name: getattr(config, name) for name in (
         "comprehensiveness_coef", "discrimination_coef", "discriminative_coef",
         "nonredundant_coef")}
 
 
-def policy_credit(scores: jax.Array, group_valid: jax.Array, cfg: RoundConfig
+def policy_credit(scores: jax.Array, group_valid: jax.Array, cfg: GenRubricConfig
                   ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The policy's rewards `[..., G N]` (`induced_response_rewards`), which of them count,
-    and their advantages over a query's G N responses in the policy's own advantage mode
-    (`RoundConfig.advantages`)."""
+    and their advantages over a query's G N responses in the policy's advantage mode."""
     reward, valid = induced_response_rewards(scores, group_valid)
-    return reward, valid, grpo.group_advantages(reward, mode=cfg.advantages(Role.POLICY),
+    return reward, valid, grpo.group_advantages(reward, mode=cfg.policy.advantage_mode,
                                                 valid=valid)
 
 
@@ -250,11 +298,11 @@ def judge_stage(setup: RoundSetup, verifier_params: nnx.State, question: Questio
     verifier = nnx.merge(setup.graph(Role.VERIFIER), verifier_params)
     responses = induced.responses
     item_valid = parsed.valid & parsed.complete[..., None]
-    verdicts = core.judge(setup, verifier, question, responses.tokens, induced.text_len, parsed,
-                          item_valid)
+    verdicts = judge(setup, verifier, question, responses.tokens, induced.text_len, parsed,
+                     item_valid)
 
     credit = generator_credit(parsed, verdicts, soft=cfg.soft_verdicts,
-                              advantage_mode=cfg.advantage_mode,
+                              advantage_mode=cfg.generator.advantage_mode,
                               coefficients=reward_coefficients(cfg),
                               spread=cfg.discrimination_spread,
                               shuffle_key=(jax.random.fold_in(rng, 3)
@@ -313,7 +361,7 @@ class Outputs(NamedTuple):
 def genrubric_round(setup: RoundSetup, state: RoundState, frozen: Frozen, batch: RoundBatch,
                     rng: jax.Array, run: placement.Placement | None = None
                     ) -> tuple[RoundState, RoundResult]:
-    """One GenRubric co-evolution round (pure; `core.make_round_step` jits it). Reads the
+    """One GenRubric co-evolution round (pure; `programs.make_round_step` jits it). Reads the
     batch's question only (the policy answers under the induced-response prompt).
 
     `frozen`: the verifier, and each trained role's KL reference when its beta > 0. `run`:
@@ -322,9 +370,9 @@ def genrubric_round(setup: RoundSetup, state: RoundState, frozen: Frozen, batch:
     run = run or placement.colocated(setup)
     question = batch.question
     gen_input, rubrics, parsed = run(Role.GENERATOR, write_stage,
-                                     core.role_weights(state, frozen, Role.GENERATOR), question,
+                                     role_weights(state, frozen, Role.GENERATOR), question,
                                      rng)
-    induced = run(Role.POLICY, induce_stage, core.role_weights(state, frozen, Role.POLICY),
+    induced = run(Role.POLICY, induce_stage, role_weights(state, frozen, Role.POLICY),
                   question, rubrics, rng)
     judged = run(Role.VERIFIER, judge_stage, frozen.verifier, question, rubrics, parsed, induced,
                  rng)
@@ -352,19 +400,19 @@ def evaluation_write_stage(setup: RoundSetup, generator_params: nnx.State, batch
     question = Question(batch.question, batch.question_lengths)
 
     def write(num_rubrics: int, temperature: float) -> grammar_lib.ParsedRubric:
-        config = dataclasses.replace(setup.config, num_rubrics=num_rubrics,
-                                     generator_temperature=temperature)
+        config = dataclasses.replace(setup.config, num_rubrics=num_rubrics, generator=(
+            dataclasses.replace(setup.config.generator, temperature=temperature)))
         return write_stage(dataclasses.replace(setup, config=config), generator_params,
                            question, rng)[2]
 
-    sampled, greedy = write(batch.runs, setup.config.generator_temperature), write(1, 0.0)
+    sampled, greedy = write(batch.runs, setup.config.generator.temperature), write(1, 0.0)
     return jax.tree.map(lambda s, g: jnp.concatenate([s, g], axis=1), sampled, greedy)
 
 
 def evaluation_judge_stage(setup: RoundSetup, verifier_params: nnx.State, batch: ExpertBatch,
                            parsed: grammar_lib.ParsedRubric) -> dict[str, jax.Array]:
     """Every held-out completion under the written rubrics and the expert rubric (the last
-    group) in one verifier call, judged as the round judges (`core.judge`: 0/1 verdicts, the
+    group) in one verifier call, judged as the round judges (`steps.judge`: 0/1 verdicts, the
     paper's and HealthBench's, or p_yes with `soft_verdicts`). Returns `scores [B, N, R + 2]`
     and `group_valid [B, R + 2]` (`jaxrubric.eval.expert_agreement` reads them on the host).
 
@@ -410,7 +458,7 @@ def genrubric_evaluation(setup: RoundSetup, state: RoundState, frozen: Frozen,
     `rubric_weights`, `rubric_valid` `[B, R + 1, M]`)."""
     run = run or placement.colocated(setup)
     parsed = run(Role.GENERATOR, evaluation_write_stage,
-                 core.role_weights(state, frozen, Role.GENERATOR), batch, rng)
+                 role_weights(state, frozen, Role.GENERATOR), batch, rng)
     judged = run(Role.VERIFIER, evaluation_judge_stage, frozen.verifier, batch, parsed)
     # The written rubrics leave the device too (a few KiB): `eval_scores.jsonl` shows what was
     # judged, and a world with a checker can judge them again without the verifier's errors.
@@ -420,7 +468,7 @@ def genrubric_evaluation(setup: RoundSetup, state: RoundState, frozen: Frozen,
 
 
 # ------------------------------------------------------------------------------ the method
-class GenRubric(core.Method):
+class GenRubric(Method):
     """GenRubric (see the module docstring)."""
 
     name: ClassVar[str] = "genrubric"
@@ -430,36 +478,23 @@ class GenRubric(core.Method):
     # on the host; `evaluate` is the device part. (A method without `held_out` evaluates on
     # anchor lists, as DynamicRubric does.)
     held_out: ClassVar[type[ExpertRows]] = ExpertRows
+    round_config: ClassVar[type[GenRubricConfig]] = GenRubricConfig
 
     def check_config(self, config: Any) -> None:
-        rc = RoundConfig(**config.round.to_dict())
-        try:
-            self.check_round(rc, None)
-        except ValueError as err:
-            raise ValueError(f"config.round.{err}") from None
-        if config.oracle:
-            raise ValueError("config.oracle is supported by the dynamic_rubric method only")
+        rc = self.round_config.from_tree(config.round.to_dict())
+        for key, value in (("oracle", config.oracle), ("generator.explorer",
+                                                       config.generator.explorer)):
+            if value:
+                raise ValueError(f"config.{key} is supported by the dynamic_rubric method only")
         eval_prompts = (config.data.eval_batch_size or config.data.batch_size
                         if config.data.eval else None)
-        core.check_micro_batches(rc, self.round_shapes(rc, core.config_dims(config, self)),
-                                 eval_prompts)
+        check_micro_batches(rc, self.round_shapes(rc, config_dims(config, self.weights)),
+                            eval_prompts)
 
     def check_round(self, config, oracle_reward):
-        """Raises ValueError, naming the round key, for fewer than two rubric groups (a group
-        is scored by the others), or an oracle (GenRubric always rewards the policy by rubric
-        scores)."""
-        if config.num_rubrics < 2:
-            raise ValueError("num_rubrics: GenRubric needs >= 2 (each group's induced response "
-                             f"is judged by the other groups), got {config.num_rubrics}")
-        if (config.rubric_source != "dynamic" or config.policy_reward != "rubric"
-                or oracle_reward is not None):
-            raise ValueError("rubric_source / policy_reward: GenRubric rubrics always come "
-                             "from the query alone and reward the policy; keep their defaults "
-                             "(and give no oracle)")
-        if config.explorer_rubrics or config.item_credit:
-            raise ValueError("explorer_rubrics / item_credit: DynamicRubric's (GenRubric's "
-                             "item credit is its discriminative_coef and nonredundant_coef); "
-                             "keep 0")
+        """Refuses an oracle: GenRubric always rewards the policy by rubric scores."""
+        if oracle_reward is not None:
+            raise ValueError("GenRubric rewards the policy by rubric scores: give no oracle")
 
     def round(self, setup, state, frozen, batch, rng, run=None):
         return genrubric_round(setup, state, frozen, batch, rng, run)
@@ -481,20 +516,20 @@ class GenRubric(core.Method):
         return {
             "generator": (tpl.genrubric_generator_messages(mark("prompt"), max_items=max_items,
                                                            style=style), ("prompt",)),
-            "verifier": core.verifier_messages(style),
+            "verifier": verifier_messages(style),
             "induced": (tpl.induced_response_messages(mark("prompt"), mark("rubric"),
                                                       style=style), ("rubric", "prompt"))}
 
-    def round_shapes(self, config: RoundConfig, dims: RoundDims) -> RoundShapes:
+    def round_shapes(self, config: GenRubricConfig, dims: RoundDims) -> RoundShapes:
         b, g, n = dims.batch, config.num_rubrics, config.response_tokens
         per_group = config.induced_responses
         generator_prompt = dims.generator_constant + dims.question
         policy_prompt = dims.induced_constant + dims.rubric + dims.question
         prefix = dims.verifier_head + dims.question
-        question = core.question_row_bytes(dims)
-        rubrics = g * core.sample_row_bytes(dims.rubric)
-        parsed = g * core.parsed_row_bytes(dims)
-        induced = g * (5 * policy_prompt + 4 + per_group * (core.sample_row_bytes(n) + 4))
+        question = question_row_bytes(dims)
+        rubrics = g * sample_row_bytes(dims.rubric)
+        parsed = g * parsed_row_bytes(dims)
+        induced = g * (5 * policy_prompt + 4 + per_group * (sample_row_bytes(n) + 4))
         return RoundShapes(
             sampling=(Sampling(Role.GENERATOR, "generator rollout", b, g, generator_prompt,
                                dims.rubric),
@@ -502,7 +537,7 @@ class GenRubric(core.Method):
                                per_group, policy_prompt, n)),
             verification=(Verification("induced responses", b * g * per_group, prefix + n,
                                        g * dims.items, dims.item_tokens + dims.readout_suffix),),
-            updates=core.trained_updates(config, {
+            updates=trained_updates(config, {
                 Role.GENERATOR: (b * g, generator_prompt, dims.rubric, g),
                 Role.POLICY: (b * g * per_group, policy_prompt, n, per_group)}),
             reads={

@@ -15,8 +15,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxrubric import microbatch, placement, sampling
-from jaxrubric.methods.core import (Frozen, RoleSpec, RoleState, RoundConfig, RoundSetup,
-                                    RoundState)
+from jaxrubric.methods.data import Frozen, RoleState, RoundState
+from jaxrubric.methods.round_config import RoundConfig
+from jaxrubric.methods.setup import RoleSpec, RoundSetup
 from jaxrubric.models.transformer import Decoder
 from jaxrubric.rl import grpo
 from jaxrubric.roles import TRAINED, Role
@@ -86,8 +87,9 @@ def grpo_role_update(cfg: RoundConfig, spec: RoleSpec, state: RoleState,
     """One GRPO update (mu optimiser steps) of a role on its samples (rows `[R, ...]`).
 
     The rows go through the model in `cfg.update_micro_batches` micro-batches, the reference
-    too (its log-probs, or with `spec.kl == "forward"` its hidden states); each micro-batch's
-    loss is divided by the whole batch's totals, so the summed gradient is the whole batch's.
+    too (its log-probs, or with `spec.settings.kl == "forward"` its hidden states); each
+    micro-batch's loss is divided by the whole batch's totals, so the summed gradient is the
+    whole batch's.
 
     `base`: a LoRA role's frozen base weights (`state.params` are then its adapters, the only
     thing differentiated and stepped); its KL reference is that base with the adapters off
@@ -106,7 +108,7 @@ def grpo_role_update(cfg: RoundConfig, spec: RoleSpec, state: RoleState,
     the role has stopped writing), and they carry no KL term (its estimate needs the role's
     own samples).
     """
-    n, graph, beta = cfg.update_micro_batches, spec.graph, spec.beta
+    n, graph, beta = cfg.update_micro_batches, spec.graph, spec.settings.beta
     frozen_part = () if base is None else (base,)
     shared = completion.ndim == 3
     batch = {"prompt": prompt, "prompt_mask": prompt_mask, "completion": completion,
@@ -124,7 +126,7 @@ def grpo_role_update(cfg: RoundConfig, spec: RoleSpec, state: RoleState,
                                  drop_keys)
 
     length = completion.shape[-1]
-    forward_kl = beta > 0 and spec.kl == "forward"
+    forward_kl = beta > 0 and spec.settings.kl == "forward"
     if beta > 0:
         reference = (nnx.merge(graph, ref_params) if base is None else
                      nnx.merge(graph, base, jax.tree.map(jnp.zeros_like, state.params)))
@@ -164,8 +166,8 @@ def grpo_role_update(cfg: RoundConfig, spec: RoleSpec, state: RoleState,
             kl_estimator=cfg.kl_estimator, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
             aggregation=cfg.aggregation, max_len=length,
             sampler_logp=old_logp,
-            entropy=entropy if spec.entropy else jax.lax.stop_gradient(entropy),
-            entropy_coef=spec.entropy, totals=totals)
+            entropy=entropy if spec.settings.entropy else jax.lax.stop_gradient(entropy),
+            entropy_coef=spec.settings.entropy, totals=totals)
 
     params, opt_state, metrics = grpo.grpo_update(
         state.params, state.opt_state, batch, loss_fn, spec.optimizer,

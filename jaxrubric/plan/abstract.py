@@ -28,7 +28,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxrubric import placement
 from jaxrubric import sharding as shd
 from jaxrubric.config import role_lora, round_config
-from jaxrubric.methods import core, get_method
+from jaxrubric.methods import get_method
+from jaxrubric.methods.batches import encode_batch
+from jaxrubric.methods.data import Frozen, RoleState, RoundBatch, RoundState
+from jaxrubric.methods.method import Method
+from jaxrubric.methods.setup import RoundSetup
 from jaxrubric.models.config import LoraConfig, ModelConfig
 from jaxrubric.models.hf import load_tokenizer
 from jaxrubric.models.transformer import Decoder
@@ -45,14 +49,14 @@ STANDIN_TOKENIZER = Path(__file__).resolve().parents[2] / "configs" / "assets" /
 
 
 class AbstractRound(NamedTuple):
-    """Everything `core.round_program` (or a stage program) is lowered with."""
+    """Everything `programs.round_program` (or a stage program) is lowered with."""
 
-    method: core.Method
-    setup: core.RoundSetup
+    method: Method
+    setup: RoundSetup
     meshes: dict[Role, Mesh]
-    state: core.RoundState
-    frozen: core.Frozen
-    batch: core.RoundBatch
+    state: RoundState
+    frozen: Frozen
+    batch: RoundBatch
     rng: jax.ShapeDtypeStruct
     configs: dict[Role, ModelConfig]  # each role's model config (a setup holds graphs only)
     tokenizer_note: str  # empty when the recipe's own tokenizer built the setup
@@ -78,7 +82,7 @@ def abstract_model(role: ml_collections.ConfigDict, tokenizer: Any, mesh: Mesh, 
                    ) -> tuple[Decoder, nnx.State, nnx.State | None]:
     """A role's `Decoder` as shapes (`nnx.eval_shape`), its trained parameters as
     `ShapeDtypeStruct`s placed by the training rules (`sharding.state_shardings`), and with
-    `lora` its frozen base in the compute dtype (`core.base_weights`), else None."""
+    `lora` its frozen base in the compute dtype (`methods.data.base_weights`), else None."""
     model_config, _ = role_model_config(role, tokenizer, mesh, source, lora)
     model = nnx.eval_shape(lambda: Decoder(model_config, rngs=nnx.Rngs(0)))
 
@@ -94,7 +98,7 @@ def abstract_model(role: ml_collections.ConfigDict, tokenizer: Any, mesh: Mesh, 
 
 
 def optimizer_state(optimizer: Any, params: nnx.State, mesh: Mesh) -> Any:
-    """The optimiser state `core.init_state` makes for `params`, as shapes: AdamW's moments
+    """The optimiser state `methods.setup.init_state` makes for `params`, as shapes: AdamW's moments
     (trees like the parameters') take their parameters' shardings, the counts are replicated
     on the role's mesh."""
     tree = jax.tree.structure(params)
@@ -117,13 +121,13 @@ def reference(params: nnx.State, compute_dtype: Any) -> nnx.State:
 
 
 def abstract_batch(config: ml_collections.ConfigDict, tokenizer: Any, mesh: Mesh
-                   ) -> core.RoundBatch:
+                   ) -> RoundBatch:
     """`CoevolveTask.batch`'s arrays as shapes: `encode_batch`'s layout (read from an empty
     batch) at the config's batch size, split over the mesh's batch axes."""
     d = config.data
-    empty = core.encode_batch(tokenizer, [], [], prompt_tokens=d.prompt_tokens,
-                              policy_tokens=d.policy_tokens, anchor_tokens=d.anchor_tokens,
-                              num_anchors=d.num_anchors)
+    empty = encode_batch(tokenizer, [], [], prompt_tokens=d.prompt_tokens,
+                         policy_tokens=d.policy_tokens, anchor_tokens=d.anchor_tokens,
+                         num_anchors=d.num_anchors)
     return jax.tree.map(lambda x: _sds((d.batch_size, *x.shape[1:]), x.dtype,
                                        shd.batch_sharding(mesh, x.ndim)), empty)
 
@@ -171,20 +175,20 @@ def abstract_round(config: ml_collections.ConfigDict, devices: Sequence[jax.Devi
             verifier_template=estimated["verifier"],
             readout=ver.verifier_readout(tokenizer, estimated["verifier"]),
             induced_template=estimated.get("induced", setup.induced_template))
-    roles = {r: core.RoleState(params[r], optimizer_state(setup.roles[r].optimizer, params[r],
+    roles = {r: RoleState(params[r], optimizer_state(setup.roles[r].optimizer, params[r],
                                                           meshes[r])) for r in TRAINED}
     policy_mesh = meshes[Role.POLICY]
     replicated = NamedSharding(policy_mesh, PartitionSpec())
-    state = core.RoundState(roles[Role.POLICY], roles[Role.GENERATOR],
+    state = RoundState(roles[Role.POLICY], roles[Role.GENERATOR],
                             _sds((), jnp.int32, replicated))
     refs = {r: reference(params[r], config[r].dtype)
             if rc.needs_reference(r) and bases[r] is None else None for r in TRAINED}
-    frozen = core.Frozen(verifier=params[Role.VERIFIER], policy_ref=refs[Role.POLICY],
+    frozen = Frozen(verifier=params[Role.VERIFIER], policy_ref=refs[Role.POLICY],
                          generator_ref=refs[Role.GENERATOR], policy_base=bases[Role.POLICY],
                          generator_base=bases[Role.GENERATOR],
                          generator_explorer=reference(params[Role.GENERATOR],
                                                       config.generator.dtype)
-                         if rc.explorer_rubrics else None)
+                         if config.generator.explorer else None)
     rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated)
     return AbstractRound(method, setup, meshes, state, frozen,
                          abstract_batch(config, tokenizer, policy_mesh), rng,

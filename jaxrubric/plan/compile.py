@@ -24,7 +24,8 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jaxrubric import flops, placement
-from jaxrubric.methods import core
+from jaxrubric.methods.programs import round_program
+from jaxrubric.methods.shapes import round_dims
 from jaxrubric.models.config import ModelConfig
 from jaxrubric.plan import hlo_cost
 from jaxrubric.plan.abstract import AbstractRound, abstract_round
@@ -163,7 +164,7 @@ def compiled_memory(config: ml_collections.ConfigDict,
     `XLA_FLAGS=--xla_force_host_platform_device_count=N` before jax starts; a TPU slice's or
     GPUs' from `plan.topology`), lowered from shapes (`plan.abstract`) and never run.
 
-    Jits the method's round with `methods.core.round_program`, as training does. Per-device
+    Jits the method's round with `methods.programs.round_program`, as training does. Per-device
     bytes: `argument` (state, frozen weights, batch, rng, in the device's layout: on TPU
     padded to its tiles), `output`, `alias` (outputs written into donated arguments), `temp`
     (XLA's peak of everything else), `generated_code`, `peak`; `argument_arrays`: the
@@ -175,7 +176,7 @@ def compiled_memory(config: ml_collections.ConfigDict,
     start = time.perf_counter()
     built = abstract_round(config, jax.devices() if devices is None else devices)
     method = built.method
-    jitted = core.round_program(
+    jitted = round_program(
         built.setup,
         lambda setup, *args: method.round(setup, *args, ScopedStages(setup)),
         jax.tree.map(lambda x: x.sharding, built.state))
@@ -200,7 +201,7 @@ def _model_flops(built: AbstractRound) -> dict[str, Work]:
     """The round's model FLOPs (what training's MFU counts, `jaxrubric.flops`) and its work
     done once (`Work`), per stage program (`meshes.stage_key`)."""
     setup, batch = built.setup, built.batch
-    shapes = built.method.round_shapes(setup.config, core.round_dims(setup, {
+    shapes = built.method.round_shapes(setup.config, round_dims(setup, {
         "question": batch.question.tokens.shape, "policy": batch.policy.tokens.shape,
         "anchors": batch.anchors.tokens.shape}))
     out: dict[str, Work] = {}

@@ -14,8 +14,9 @@ import ml_collections
 
 from jaxrubric import sharding as shd
 from jaxrubric.config import role_lora, round_config
-from jaxrubric.methods import core, get_method
-from jaxrubric.methods.core import RoundConfig, RoundDims, RoundShapes
+from jaxrubric.methods import get_method
+from jaxrubric.methods.round_config import RoundConfig
+from jaxrubric.methods.shapes import RoundDims, RoundShapes, batch_row_bytes
 from jaxrubric.models import attention
 from jaxrubric.models.attention import cudnn
 from jaxrubric.models.config import ModelConfig
@@ -35,7 +36,7 @@ def state_items(config: ml_collections.ConfigDict, params: Mapping[Role, RolePar
                 dims: RoundDims, ways: int, roles: Collection[Role] = ROLES
                 ) -> list[tuple[str, int]]:
     """What a mesh holding `roles` keeps through the round: their part of
-    `methods.core.init_state`'s state and of the frozen weights (`train.CoevolveTask`), and on
+    `methods.setup.init_state`'s state and of the frozen weights (`train.CoevolveTask`), and on
     the policy's mesh the batch; colocated, exactly the compiled round's arguments."""
     rc = round_config(config)
     trained = [r for r in ROLES if r in TRAINED and r in roles]
@@ -59,7 +60,7 @@ def state_items(config: ml_collections.ConfigDict, params: Mapping[Role, RolePar
     if Role.POLICY in roles:  # the batch is placed on the policy's mesh
         # + the rng key (2 x uint32) and the int32 round counter
         items.append(("batch, rng, round counter",
-                      rows_per_device(dims.batch, ways) * core.batch_row_bytes(dims) + 8 + 4))
+                      rows_per_device(dims.batch, ways) * batch_row_bytes(dims) + 8 + 4))
     return items
 
 
@@ -128,7 +129,7 @@ def round_stages(rc: RoundConfig, shapes: RoundShapes, loc: Mapping[Role, Local]
     stages += [Stage(stage_key(u.role, 1), f"{u.role} update", update_phase(
         loc[u.role], params[u.role], u.rows, u.prompt_len, u.completion_len, rc.logprob_chunk,
         ways, rc.update_micro_batches, u.group if u.shared(rc) else 1,
-        forward_kl=rc.beta(u.role) > 0 and rc.kl(u.role) == "forward"))
+        forward_kl=rc.roles[u.role].beta > 0 and rc.roles[u.role].kl == "forward"))
         for u in shapes.updates]
     return stages
 

@@ -72,7 +72,9 @@ def load_tokenizer_offline(source: str) -> Any | None:
     if folder.is_dir():  # a weights-only folder has no tokenizer to read
         has_files = any((folder / f).is_file() for f in TOKENIZER_FILES)
         return load_tokenizer(folder) if has_files else None
-    from transformers import AutoTokenizer  # here: it adds ~1 s to every `jaxrubric` start
+    from transformers import (
+        AutoTokenizer,  # here: it adds ~1 s to every `jaxrubric` start
+    )
     try:
         return AutoTokenizer.from_pretrained(source, local_files_only=True)
     except (OSError, ValueError):
@@ -167,7 +169,7 @@ class RoleParams:
 
 def role_params(model_config: ModelConfig, source: str, mesh: AbstractMesh) -> RoleParams:
     """Shapes from `nnx.eval_shape` of the real model, sharded by the training rules; a LoRA
-    role's base in its compute dtype (`core.base_weights`)."""
+    role's base in its compute dtype (`methods.data.base_weights`)."""
     abstract = nnx.eval_shape(lambda: Decoder(model_config, rngs=nnx.Rngs(0)))
     lora = model_config.lora is not None
     shards, base, count, trained, layer_count = [], [], 0, 0, 0

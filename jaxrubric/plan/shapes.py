@@ -1,5 +1,5 @@
 """The round's shapes from a config alone: the method's templates, tokenised when the tokenizer
-can be read offline, else estimated from their text, then `methods.core.config_dims` and the
+can be read offline, else estimated from their text, then `methods.shapes.config_dims` and the
 method's own `round_shapes`, as training builds them.
 
 An estimate counts `CHARS_PER_TOKEN` characters per token plus the chat template's turn
@@ -15,7 +15,8 @@ from typing import Any
 import ml_collections
 
 from jaxrubric.config import round_config
-from jaxrubric.methods import core
+from jaxrubric.methods.method import Method
+from jaxrubric.methods.shapes import RoundDims, RoundShapes, config_dims
 from jaxrubric.rubric import templates as tpl
 
 CHARS_PER_TOKEN = 4  # English prose under a 128k-150k BPE vocabulary: about 4 characters
@@ -39,7 +40,7 @@ def estimated_template(messages: list[dict[str, str]], slots: Sequence[str]
     return tpl.TokenTemplate(tuple(slots), tuple((0,) * n for n in counts), tuple(pieces))
 
 
-def round_templates(config: ml_collections.ConfigDict, method: core.Method, tokenizer: Any
+def round_templates(config: ml_collections.ConfigDict, method: Method, tokenizer: Any
                     ) -> dict[str, tpl.TokenTemplate]:
     """The method's templates (`Method.templates`) with the real tokenizer when there is one,
     else estimated from their messages (`Method.template_messages`)."""
@@ -51,8 +52,8 @@ def round_templates(config: ml_collections.ConfigDict, method: core.Method, toke
             in method.template_messages(rc, max_items=m, style=style).items()}
 
 
-def round_shapes(config: ml_collections.ConfigDict, method: core.Method, tokenizer: Any
-                 ) -> tuple[core.RoundDims, core.RoundShapes]:
+def round_shapes(config: ml_collections.ConfigDict, method: Method, tokenizer: Any
+                 ) -> tuple[RoundDims, RoundShapes]:
     """The round's dims and its stages' global shapes (`Method.round_shapes`)."""
-    dims = core.config_dims(config, method, round_templates(config, method, tokenizer))
+    dims = config_dims(config, method.weights, round_templates(config, method, tokenizer))
     return dims, method.round_shapes(round_config(config), dims)

@@ -11,11 +11,11 @@ anyone's evaluation; their induced responses are left out of the response set to
 were written against a broken rubric (pass `response_valid` to drop other responses).
 
 Credit is token level: item tokens get the item advantage on top of the sequence advantage,
-structural tokens the sequence advantage only (`token_level_advantages`). Sequence rewards are
+structural tokens the sequence advantage only (`credit.token_level_advantages`). Sequence rewards are
 normalised by `group_advantages` over the G groups of a query, malformed groups included and
 ranked below every well-formed one (`rl.grpo.rank_invalid_last`), so producing one is always
 penalised; item rewards are z-scored over all valid items of the query's
-well-formed groups (`item_advantages`). The paper leaves the exact spread and combination
+well-formed groups (`credit.item_advantages`). The paper leaves the exact spread and combination
 coefficients open: they are keyword arguments here, with the defaults documented.
 """
 
@@ -26,6 +26,7 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 
+from jaxrubric.rewards.credit import item_advantages, token_level_advantages
 from jaxrubric.rl.grpo import AdvantageMode, group_advantages, rank_invalid_last, safe_ratio
 from jaxrubric.rubric.scores import genrubric_score
 
@@ -215,33 +216,6 @@ def genrubric_rewards(
     return jnp.where(group_valid, sequence, 0.0), item
 
 
-def item_advantages(
-    item_reward: Array, item_mask: Array, *, mode: AdvantageMode = "group_std", eps: float = 1e-6
-) -> Array:
-    """Normalise item rewards `[..., G, M]` jointly over all items of one query.
-
-    Items are compared with every other valid item of the query's groups (not only within their
-    own group, which may hold a single item), via `group_advantages` over the flattened G*M
-    axis. `item_mask` should be `item_valid & group_validity(...)[..., None]`; others get 0.
-    """
-    shape = item_reward.shape
-    flat = item_reward.reshape(*shape[:-2], -1)
-    valid = jnp.broadcast_to(jnp.asarray(item_mask, bool), shape).reshape(flat.shape)
-    return group_advantages(flat, mode=mode, eps=eps, valid=valid).reshape(shape)
-
-
-def token_level_advantages(seq_adv: Array, item_adv: Array, token_item_index: Array) -> Array:
-    """Per-token advantages `[..., G, L]` for the generator's rubric tokens.
-
-    `token_item_index[..., g, t]` is the item a token belongs to, or -1 for structural tokens
-    (headers, separators, weights, EOS, padding): those get `seq_adv[g]`, item tokens get
-    `seq_adv[g] + item_adv[g, m]`.
-    """
-    idx = jnp.asarray(token_item_index)
-    item_part = jnp.take_along_axis(item_adv, jnp.clip(idx, 0, item_adv.shape[-1] - 1), axis=-1)
-    return seq_adv[..., None] + jnp.where(idx >= 0, item_part, 0.0)
-
-
 def genrubric_token_advantages(
     sequence_reward: Array,
     item_reward: Array,
@@ -255,8 +229,8 @@ def genrubric_token_advantages(
     """Rewards to token advantages `[..., G, L]`: group advantages over the G groups of a query
     for the sequence part (when `group_valid` is given, malformed groups are first ranked below
     every well-formed one, `rl.grpo.rank_invalid_last`: a reward of 0 is no penalty when the
-    well-formed groups score `[-2, -2]`), `item_advantages` for the item part, then
-    `token_level_advantages`."""
+    well-formed groups score `[-2, -2]`), `credit.item_advantages` for the item part, then
+    `credit.token_level_advantages`."""
     if group_valid is not None:
         sequence_reward = rank_invalid_last(sequence_reward, group_valid)
     seq_adv = group_advantages(sequence_reward, mode=mode, eps=eps)

@@ -152,7 +152,7 @@ def token_quality(responses: jax.Array, response_len: jax.Array, prompt: jax.Arr
 def oracle_reward(response_tokens: jax.Array, response_len: jax.Array, question: Any
                   ) -> jax.Array:
     """The ground truth as a policy reward ``[B, K]``: `token_quality` against the question
-    (a `methods.core.Question`: tokens ``[B, Lq]``, lengths ``[B]``)."""
+    (a `methods.data.Question`: tokens ``[B, Lq]``, lengths ``[B]``)."""
     return token_quality(response_tokens, response_len, question.tokens[:, None],
                          question.lengths[:, None])
 

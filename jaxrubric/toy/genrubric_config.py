@@ -39,7 +39,7 @@ class GenRubricWorldConfig:
     # the comprehensiveness signal drowned in its noise)
     num_rubrics: int = 12
     max_items: int = 4
-    # RoundConfig.induced_responses: each group's comprehensiveness averaged over two
+    # GenRubricConfig.induced_responses: each group's comprehensiveness averaged over two
     # responses it induced (the paper: one). The answerer flips a coin on every digit no item
     # names, and much of a group's reward is that noise: two halve it, and the rise grew.
     induced_responses: int = 2
@@ -71,11 +71,11 @@ class GenRubricWorldConfig:
     generator_lr: float = 4e-4
     # config.optim.lr_schedule: a cosine decay to a tenth did not steady the weakest seed.
     generator_lr_schedule: str = "constant"
-    # KL of the generator to its cold start (RoundConfig.generator_beta): without it the
+    # KL of the generator to its cold start (round.generator.beta): without it the
     # character-level generator collapsed into text outside the language.
     generator_beta: float = 0.04
-    discrimination_spread: str = "pairs"  # RoundConfig.discrimination_spread
-    # Sampling temperatures (RoundConfig.generator_temperature / policy_temperature). At 1 the
+    discrimination_spread: str = "pairs"  # GenRubricConfig.discrimination_spread
+    # Sampling temperatures (round.generator.temperature / policy.temperature). At 1 the
     # character-level cold start writes some of its items outside the criterion language (the
     # tails of a short SFT), and GRPO's noise walks it further out; at 0.7 it writes almost
     # all in the language (held-out rubrics are sampled at it too). The frozen answerer at 0.5
@@ -83,17 +83,18 @@ class GenRubricWorldConfig:
     # so the induced response says more about its rubric: comprehensiveness has less noise.
     generator_temperature: float = 0.7
     policy_temperature: float = 0.5
-    # RoundConfig.advantage_mode: "no_std" centres each query's rewards without dividing by
-    # their spread, so a query whose rubrics earn nearly the same comprehensiveness (coin
-    # flips, not rubric quality) moves the generator little; z-scored, it got full-size
-    # advantages.
+    # Both roles' RoleConfig.advantage_mode: "no_std" centres each query's rewards without
+    # dividing by their spread, so a query whose rubrics earn nearly the same
+    # comprehensiveness (coin flips, not rubric quality) moves the generator little;
+    # z-scored, it got full-size advantages.
     advantage_mode: str = "no_std"
-    # GenRubric's reward coefficients (RoundConfig.*_coef): comprehensiveness, group
+    # GenRubric's reward coefficients (GenRubricConfig.*_coef): comprehensiveness, group
     # discrimination, item discriminative, item non-redundant. Comprehensiveness alone (the
     # paper's ablation): here the discrimination terms pay an item for contradicting the other
     # rubrics, the only way to split answers that follow them (README).
     coefficients: tuple[float, float, float, float] = (1.0, 0.0, 0.0, 0.0)
-    round_overrides: tuple[tuple[str, Any], ...] = ()  # other RoundConfig keys, for studies
+    # Other round keys, for studies; a role's dotted within the round ("generator.temperature").
+    round_overrides: tuple[tuple[str, Any], ...] = ()
     hidden_size: int = 64
     num_layers: int = 2
     # Following a rubric is a lookup (which item names this digit, with which sign): a wider

@@ -86,19 +86,24 @@ def run_config(name: str, workdir: Path, paths: dict[str, Path], cfg: GenRubricW
         generator_lr=cfg.generator_lr, rounds=cfg.rounds, eval_every=cfg.eval_every)
     c.method = "genrubric"
     c.data.eval_rubric_runs = cfg.eval_rubric_runs
-    c.round.freeze_policy = True  # the answerer stays the one the rubrics were checked with
+    c.round.policy.freeze = True  # the answerer stays the one the rubrics were checked with
     c.round.shuffle_generator_credit = name == "control"
     c.round.discrimination_spread = cfg.discrimination_spread
-    c.round.generator_temperature = cfg.generator_temperature
-    c.round.policy_temperature = cfg.policy_temperature
-    c.round.advantage_mode = cfg.advantage_mode
+    c.round.generator.temperature = cfg.generator_temperature
+    c.round.policy.temperature = cfg.policy_temperature
+    for role in (c.round.policy, c.round.generator):
+        role.advantage_mode = cfg.advantage_mode
     c.round.induced_responses = cfg.induced_responses
     c.optim.lr_schedule = cfg.generator_lr_schedule  # the generator is the one trained role
     for key, value in zip(("comprehensiveness_coef", "discrimination_coef",
                             "discriminative_coef", "nonredundant_coef"), cfg.coefficients):
         c.round[key] = value
-    for key, value in cfg.round_overrides:
-        c.round[key] = value
+    for key, value in cfg.round_overrides:  # dotted within the round: "generator.temperature"
+        *sections, leaf = key.split(".")
+        node = c.round
+        for section in sections:
+            node = node[section]
+        node[leaf] = value
     check_config(c)
     return c
 

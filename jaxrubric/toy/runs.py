@@ -36,7 +36,7 @@ def toy_run_config(workdir: Path, paths: dict[str, Path], generator: Path, *, se
     c.round.num_rubrics = num_rubrics
     c.round.response_tokens = 8
     c.round.logprob_chunk = 16
-    c.round.generator_beta = generator_beta
+    c.round.generator.beta = generator_beta
     c.optim.generator_lr = generator_lr
     c.rounds = rounds
     c.eval_every = eval_every

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from jaxrubric.methods.core import KL_KINDS
+from jaxrubric.methods.round_config import KL_KINDS
 from jaxrubric.rl import grpo
 from jaxrubric.toy import digits_task as task
 from jaxrubric.toy.verifier_sft import VerifierSettings
@@ -115,21 +115,21 @@ class ToyWorldConfig:
     # those of the warm-started policy ("keeps_small"), or "flips" (any digit, so the
     # contested digits are big as often as small: the cold start sees both kinds of mistake).
     teacher_mistakes: str = "flips"
-    # RoundConfig.policy_score: "mean" over the valid groups, as the 8B recipes. "best_group"
-    # (the group the generator's advantage ranks first) picks it on the current answers, which
-    # lets a prompt-only or frozen generator adapt through the selection.
+    # DynamicRubricConfig.policy_score: "mean" over the valid groups, as the 8B recipes.
+    # "best_group" (the group the generator's advantage ranks first) picks it on the current
+    # answers, which lets a prompt-only or frozen generator adapt through the selection.
     policy_score: str = "mean"
     anchor_weight: float = 1.0  # lambda of the generator's reward
-    # KL of the generator to its reference (RoundConfig.generator_beta; the 8B recipes use
+    # KL of the generator to its reference (round.generator.beta; the 8B recipes use
     # 0.01). The reference is the role's weights at the start of each run: the cold start
     # for the generator's own rounds, their result for the compared runs. Without one the
     # character-level generator drifts out of the criterion language.
     generator_beta: float = 0.04
-    # KL of the policy to its warm start (RoundConfig.policy_beta), the recipes' 0.01. Without
+    # KL of the policy to its warm start (round.policy.beta), the recipes' 0.01. Without
     # one the policy's reward kept rising while its held-out quality fell under most learned
     # evaluators (it finds what the rubrics miss).
     policy_beta: float = 0.01
-    # How the policy's rubric scores become advantages (RoundConfig.policy_advantage_mode;
+    # How the policy's rubric scores become advantages (round.policy.advantage_mode;
     # the generators' stay "group_std"). "no_std" centres each prompt's scores without
     # dividing by their spread (Dr. GRPO's form), so the policy's step follows the size of
     # the score gaps, not only their order: the regime in which DynamicRubric's claim that
@@ -142,20 +142,21 @@ class ToyWorldConfig:
     # after its own rounds) or "cold_start" (its SFT cold start, as RLHF keeps its SFT model:
     # the only start that still writes every kind of sound item).
     generator_reference: str = "run_start"
-    # Which KL generator_beta weighs (RoundConfig.generator_kl): "sampled" (k3 on the tokens
+    # Which KL generator_beta weighs (round.generator.kl): "sampled" (k3 on the tokens
     # it writes) or "forward" (KL(reference || generator) over the whole vocabulary).
     generator_kl: str = "sampled"
-    # The generators' sampling temperature in every run (RoundConfig.generator_temperature).
+    # The generators' sampling temperature in every run (round.generator.temperature).
     generator_temperature: float = 1.0
     # The generators' entropy bonus in every run, their own rounds included
-    # (RoundConfig.generator_entropy): against the exploration failure in the README.
+    # (round.generator.entropy): against the exploration failure in the README.
     generator_entropy: float = 0.0
     # Of the G rubrics per prompt, how many the generator's SFT cold start writes in every run
-    # and in the generators' own rounds (RoundConfig.explorer_rubrics): judged and rewarded
+    # and in the generators' own rounds (DynamicRubricConfig.explorer_rubrics): judged and rewarded
     # with the group, learned from, never scoring the policy (frozen and oracle runs sample
     # them too, unused, so every run compiles the same program).
     explorer_rubrics: int = 0
-    # Item-level credit on the generators' item tokens in every run (RoundConfig.item_credit).
+    # Item-level credit on the generators' item tokens in every run
+    # (DynamicRubricConfig.item_credit).
     item_credit: float = 0.0
     hidden_size: int = 64
     num_layers: int = 2

@@ -53,11 +53,11 @@ def run_config(name: str, workdir: Path, paths: dict[str, Path], cfg: ToyWorldCo
     c.round.num_responses = cfg.num_responses
     c.round.policy_score = cfg.policy_score
     c.round.anchor_weight = cfg.anchor_weight
-    c.round.policy_beta = cfg.policy_beta
-    c.round.policy_advantage_mode = cfg.policy_advantage_mode
-    c.round.generator_kl = cfg.generator_kl
-    c.round.generator_temperature = cfg.generator_temperature
-    c.round.generator_entropy = cfg.generator_entropy
+    c.round.policy.beta = cfg.policy_beta
+    c.round.policy.advantage_mode = cfg.policy_advantage_mode or c.round.generator.advantage_mode
+    c.round.generator.kl = cfg.generator_kl
+    c.round.generator.temperature = cfg.generator_temperature
+    c.round.generator.entropy = cfg.generator_entropy
     c.round.item_credit = cfg.item_credit
     c.optim.policy_lr = cfg.policy_lr
     # Which roles train and what rewards the policy are inputs of the compiled round, so the
@@ -77,7 +77,7 @@ def run_config(name: str, workdir: Path, paths: dict[str, Path], cfg: ToyWorldCo
             workdir / "models" / ("generator_cold_static" if static else "generator_cold"))
     if name.startswith("generator"):
         c.rounds = cfg.generator_rounds
-        c.round.freeze_policy = True
+        c.round.policy.freeze = True
         # No held-out evaluation: nothing reads it (the compared runs evaluate this generator
         # at their round 0), and without it the stage skips two evaluations and their compile,
         # with the same weights.
@@ -87,10 +87,10 @@ def run_config(name: str, workdir: Path, paths: dict[str, Path], cfg: ToyWorldCo
         cold = "generator_cold_static" if name in STATIC_RUNS else "generator_cold"
         c.generator.reference = str(workdir / "models" / cold)
     elif name == "frozen":
-        c.round.freeze_generator = True
+        c.round.generator.freeze = True
     elif name == "oracle":
         c.round.policy_reward = "oracle"
-        c.round.freeze_generator = True
+        c.round.generator.freeze = True
     check_config(c)
     return c
 

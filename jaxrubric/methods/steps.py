@@ -1,0 +1,63 @@
+"""The steps both methods' stages are made of: the generator writing rubrics (and the explorer
+writing its share), and the verifier judging answers under them."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxrubric import sampling
+from jaxrubric.methods.data import Question
+from jaxrubric.methods.setup import RoundSetup
+from jaxrubric.models.transformer import Decoder
+from jaxrubric.rubric import grammar as grammar_lib
+from jaxrubric.rubric import templates as tpl
+from jaxrubric.rubric import verifier as ver
+
+
+def write_rubrics(setup: RoundSetup, generator: Decoder, gen_input: tpl.Packed,
+                  rng: jax.Array, explorer: Decoder | None = None, explored: int = 0
+                  ) -> tuple[sampling.SampleResult, grammar_lib.ParsedRubric]:
+    """The generator samples G grammar-constrained rubrics per (left-padded) prompt, parsed;
+    with `explored` m > 0 (DynamicRubric's `explorer_rubrics`) it samples G - m and `explorer`
+    the last m."""
+    cfg = setup.config
+
+    def write(model: Decoder, count: int, key: jax.Array) -> sampling.SampleResult:
+        return sampling.sample(
+            model, gen_input.tokens, gen_input.mask, gen_input.lengths, key,
+            num_samples=count, max_new_tokens=setup.grammar.max_rubric_tokens,
+            temperature=cfg.generator.temperature, grammar=setup.grammar,
+            micro_batches=cfg.rollout_micro_batches)
+
+    rubrics = write(generator, cfg.num_rubrics - explored, rng)
+    if explored:
+        if explorer is None:
+            raise ValueError("round.explorer_rubrics > 0 needs the explorer's weights "
+                             "(Frozen.generator_explorer)")
+        extra = write(explorer, explored, jax.random.fold_in(rng, _EXPLORER_STREAM))
+        rubrics = jax.tree.map(lambda a, b: jnp.concatenate([a, b], axis=1), rubrics, extra)
+    return rubrics, grammar_lib.parse_rubric_tokens(rubrics.tokens, setup.grammar, setup.pad_id)
+
+
+# The explorer's sampling stream, apart from the generator's.
+_EXPLORER_STREAM = 0xE4B1
+
+
+def text_lengths(samples: sampling.SampleResult) -> jax.Array:
+    """Sampled lengths without the stop token (what a template splices in)."""
+    return samples.lengths - samples.finished.astype(jnp.int32)
+
+
+def judge(setup: RoundSetup, verifier: Decoder, question: Question, answers: jax.Array,
+          answer_len: jax.Array, parsed: grammar_lib.ParsedRubric, item_valid: jax.Array
+          ) -> jax.Array:
+    """Verdicts `[B, N, G, M]` of answers `[B, N, L]` under every valid item: one tree forward
+    per (question, answer); 0/1, or p_yes with `soft_verdicts`."""
+    prefix = ver.verifier_prefix(setup.verifier_template, question.tokens, question.lengths,
+                                 answers, answer_len, pad_id=setup.pad_id)
+    out = ver.verify(verifier, setup.readout, prefix.tokens, prefix.lengths, parsed.items,
+                     parsed.item_lengths, item_valid, pad_id=setup.pad_id,
+                     micro_batches=setup.config.rollout_micro_batches)
+    return out.p_yes if setup.config.soft_verdicts else out.verdicts.astype(jnp.float32)
+
