@@ -619,6 +619,29 @@ def test_hlo_cost_counts_loop_bodies_times_their_trip_count():
     assert 10 * 3 * layer < hlo_cost.total(costs).bytes < 10 * 6 * layer
 
 
+
+def test_hlo_cost_counts_hbm_traffic_only():
+    """A buffer the TPU compiler placed in on-chip memory (`S(1)`) is no HBM traffic: an
+    asynchronous copy that prefetches weights there reads them from HBM once, and the kernel
+    reading the prefetched copy reads no HBM for it (the TPU decode loop's weights; hand-made
+    HLO in the compiler's form)."""
+    from jaxrubric.plan import hlo_cost
+
+    text = """HloModule m
+
+ENTRY %main (p0: bf16[1024,2048], p1: bf16[8,1024]) -> bf16[8,2048] {
+  %p0 = bf16[1024,2048]{1,0:T(8,128)(2,1)} parameter(0)
+  %p1 = bf16[8,1024]{1,0:T(8,128)(2,1)} parameter(1)
+  %cs = (bf16[1024,2048]{1,0:T(8,128)(2,1)S(1)}, bf16[1024,2048]{1,0:T(8,128)(2,1)}, u32[]{:S(2)}) copy-start(bf16[1024,2048]{1,0:T(8,128)(2,1)} %p0)
+  %cd = bf16[1024,2048]{1,0:T(8,128)(2,1)S(1)} copy-done((bf16[1024,2048]{1,0:T(8,128)(2,1)S(1)}, bf16[1024,2048]{1,0:T(8,128)(2,1)}, u32[]{:S(2)}) %cs)
+  ROOT %d = bf16[8,2048]{1,0:T(8,128)(2,1)} dot(bf16[8,1024]{1,0:T(8,128)(2,1)} %p1, bf16[1024,2048]{1,0:T(8,128)(2,1)S(1)} %cd), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+"""
+    weights, rows, out = 1024 * 2048 * 2, 8 * 1024 * 2, 8 * 2048 * 2
+    assert hlo_cost.hbm_bytes("bf16[8,1024]{1,0:T(8,128)(2,1)S(1)}") == 0
+    assert hlo_cost.hbm_bytes("bf16[8,1024]{1,0:T(8,128)(2,1)}") == rows
+    assert hlo_cost.total(hlo_cost.stage_costs(text)).bytes == weights + rows + out
+
 def test_roofline_bound_and_mfu_ceiling():
     from jaxrubric.plan import roofline
     from jaxrubric.plan.hlo_cost import Cost

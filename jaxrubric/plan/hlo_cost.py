@@ -6,9 +6,11 @@ micro-batches), so it undercounts by orders of magnitude. This walks the optimis
 and multiplies each loop's body by its trip count (XLA's `known_trip_count` where it writes
 one; else read from the loop's condition, `counter < limit`), counting what XLA's analysis
 counts per instruction: 2 FLOPs per multiply-add of a dot or convolution,
-one per element of arithmetic ops; bytes as each kernel's operands and results, where a
+one per element of arithmetic ops; HBM bytes as each kernel's operands and results, where a
 dynamic slice reads only its slice and a dynamic update writes only its update (a layer's
-weights out of the stacked layers, a token into the KV cache). Loops whose trip count cannot be
+weights out of the stacked layers, a token into the KV cache), and buffers the TPU compiler
+placed in on-chip memory (an `S(1)` layout: weights prefetched by an asynchronous copy) count
+only once, as the copy's read from HBM. Loops whose trip count cannot be
 read are counted once and reported (`unknown_loops`); a decode loop, which may stop early once
 every row has finished, is counted at its bound; a conditional's branches are all counted.
 
@@ -46,6 +48,10 @@ DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16"
                "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16,
                "s4": 0.5, "u4": 0.5, "f8e4m3fn": 1, "f8e5m2": 1, "token": 0}
 SHAPE = re.compile(r"\b([a-z]+[0-9]*[a-z0-9]*)\[([0-9,]*)\]")
+# An array type with its layout: `bf16[128,1024]{1,0:T(8,128)(2,1)S(1)}`; `S(n)`, n >= 1, places
+# it in an alternate memory space (TPU memory-space assignment: on-chip memory), not HBM.
+ARRAY = re.compile(r"\b([a-z]+[0-9]*[a-z0-9]*)\[([0-9,]*)\](\{[^}]*\})?")
+ON_CHIP = re.compile(r"S\([1-9]\d*\)")
 INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
 HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
 CALLS = re.compile(r"\b(calls|body|condition|to_apply|true_computation|false_computation)="
@@ -148,6 +154,15 @@ def _shapes(text: str) -> list[tuple[str, tuple[int, ...]]]:
 def nbytes(text: str) -> float:
     """Bytes of every array type written in `text` (a tuple's elements summed)."""
     return sum(DTYPE_BYTES[d] * math.prod(dims) for d, dims in _shapes(text))
+
+
+def hbm_bytes(text: str) -> float:
+    """Bytes of the array types in `text` that live in HBM (not in an alternate memory space,
+    where the TPU compiler prefetches what a kernel reads next: reading or writing those is no
+    HBM traffic)."""
+    return sum(DTYPE_BYTES[d] * math.prod(int(x) for x in dims.split(",") if x)
+               for d, dims, layout in ARRAY.findall(text)
+               if d in DTYPE_BYTES and not ON_CHIP.search(layout or ""))
 
 
 def elements(text: str) -> int:
@@ -312,21 +327,21 @@ def _fusion_bytes(ins: Instruction, body: list[Instruction], types: Mapping[str,
         uses = users.get(params.get(index, ""), [])
         if uses and all(u.opcode in ("dynamic-slice", "slice", "gather")
                         and _operand_names(u)[0] == params[index] for u in uses):
-            total += sum(nbytes(u.shape) for u in uses)
+            total += sum(hbm_bytes(u.shape) for u in uses)
         elif uses and all(u.opcode == "dynamic-update-slice"
                           and _operand_names(u)[0] == params[index] for u in uses):
             continue
         else:
-            total += nbytes(type_text)
+            total += hbm_bytes(type_text)
     root = body[-1] if body else None
     by_name = {i.name: i for i in body}
     outputs = ([by_name.get(n) for n in _operand_names(root)] if root and root.opcode == "tuple"
                else [root])
     for out in outputs:
         if out is not None and out.opcode == "dynamic-update-slice":
-            total += nbytes(types.get(_operand_names(out)[1], ""))
+            total += hbm_bytes(types.get(_operand_names(out)[1], ""))
         elif out is not None:
-            total += nbytes(out.shape)
+            total += hbm_bytes(out.shape)
     return total
 
 
@@ -336,14 +351,16 @@ def _bytes(ins: Instruction, types: Mapping[str, str]) -> float:
         return 0.0
     operands = [types.get(n, "") for n in _operand_names(ins)]
     if ins.opcode == "dynamic-slice":
-        return 2.0 * nbytes(ins.shape)
+        return 2.0 * hbm_bytes(ins.shape)
     if ins.opcode == "dynamic-update-slice":
-        return 2.0 * nbytes(operands[1])
+        return 2.0 * hbm_bytes(operands[1])
+    if ins.opcode == "copy-start":  # (destination, source, context): the copy moves it once
+        return sum(hbm_bytes(t) for t in operands) + hbm_bytes(ins.shape.split(", ")[0])
     if ins.opcode == "custom-call" and re.search(r'custom_call_target="__cu(blas|dnn)\$',
                                                  ins.attributes):
-        return sum(nbytes(t) for t in operands) + sum(
+        return sum(hbm_bytes(t) for t in operands) + sum(
             DTYPE_BYTES[d] * math.prod(dims) for d, dims in _library_result(ins))
-    return sum(nbytes(t) for t in operands) + nbytes(ins.shape)
+    return sum(hbm_bytes(t) for t in operands) + hbm_bytes(ins.shape)
 
 
 def _stage(ins: Instruction, stages: Iterable[str], instructions: Mapping[str, Instruction]
