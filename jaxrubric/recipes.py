@@ -46,7 +46,7 @@ class Slice:
 # groups of 8 (`data=2`). Update micro-batches leave each micro-batch at least one prompt per
 # chip holding the batch (a chip with none would repeat another's rows).
 SLICES: dict[str, Slice] = {
-    "v5p-8": Slice("v5p:2x2x1", "95GiB", (("fsdp", 4),), 8, 8),
+    "v5p-8": Slice("v5p:2x2x1", "95GiB", (("fsdp", 4),), 8, 16),
     "8xH100": Slice("8xH100", "80GiB", (("fsdp", 8),), 8, 8),
     "v6e-8": Slice("v6e:2x4", "32GiB", (("fsdp", 8),), 8, 8, lora_rank=16),
     "v5e-16": Slice("v5e:4x4", "16GiB", (("data", 2), ("fsdp", 8)), 8, 4, lora_rank=16),

@@ -527,7 +527,7 @@ def test_qwen3_8b_on_three_submeshes_of_8xh100(capsys):
     its weights, AdamW state and bf16 reference; the generator's half of them (53 GiB) leaves
     too little for its update; the verifier holds only its bf16 weights."""
     assert plan.main([
-        "--config", str(CONFIGS / "qwen3_8b_dynamic_rubric.py"), "--devices", "8",
+        "--config", recipe_path("qwen3_8b_dynamic_rubric:8xH100"), "--devices", "8",
         "--device-memory", "80GiB", "--config.submeshes.policy=fsdp=4",
         "--config.submeshes.generator=fsdp=2", "--config.submeshes.verifier=fsdp=2"]) == 0
     out = capsys.readouterr().out
@@ -539,7 +539,7 @@ def test_qwen3_8b_on_three_submeshes_of_8xh100(capsys):
     assert "generator mesh -> DOES NOT FIT (1.5x the usable memory); state alone: 53.40 GiB" in out
     assert "verifier mesh -> fits; state alone: 7.63 GiB -> fits" in out
     assert out.rstrip().endswith("72.00 GiB usable -> DOES NOT FIT on the generator mesh")
-    p = plan.plan_memory(load_config(CONFIGS / "qwen3_8b_dynamic_rubric.py", [
+    p = plan.plan_memory(load_config(recipe_path("qwen3_8b_dynamic_rubric:8xH100"), [
         "submeshes.policy=fsdp=4", "submeshes.generator=fsdp=2", "submeshes.verifier=fsdp=2"]),
         80 * GIB, devices=8)
     policy_state = dict(p["meshes"][0]["state"])
