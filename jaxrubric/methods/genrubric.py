@@ -92,9 +92,6 @@ class GenRubricConfig(RoundConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.num_rubrics < 2:
-            raise ValueError("num_rubrics must be >= 2 for GenRubric (each group's induced "
-                             f"response is judged by the other groups), got {self.num_rubrics}")
         if self.induced_responses < 1:
             raise ValueError(f"induced_responses must be >= 1, got {self.induced_responses}")
 
@@ -482,6 +479,12 @@ class GenRubric(Method):
 
     def check_config(self, config: Any) -> None:
         rc = self.round_config.from_tree(config.round.to_dict())
+        # A training round's check, not the type's: evaluation writes one greedy rubric with
+        # this config (`evaluation_write_stage`).
+        if rc.num_rubrics < 2:
+            raise ValueError("config.round.num_rubrics must be >= 2 for GenRubric (each group's "
+                             "induced response is judged by the other groups), got "
+                             f"{rc.num_rubrics}")
         for key, value in (("oracle", config.oracle), ("generator.explorer",
                                                        config.generator.explorer)):
             if value:
