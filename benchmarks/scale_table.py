@@ -37,19 +37,30 @@ def measure(recipe: str, slice_name: str) -> dict:
     from jaxrubric import recipes
     from jaxrubric.config import load_config
     from jaxrubric.plan import compile as plan_compile
-    from jaxrubric.plan import roofline, topology
+    from jaxrubric.plan import topology
     from jaxrubric.plan.memory import plan_memory
     from jaxrubric.plan.report import parse_bytes
 
     chosen = recipes.slice_named(slice_name)
     config = load_config(f"{ROOT}/configs/{recipe}.py:{slice_name}")
     devices = topology.devices(chosen.topology)
-    chip = topology.chip(devices[0])
     plan = plan_memory(config, parse_bytes(chosen.device_memory), devices=len(devices),
                        platform=devices[0].platform)
-    limit = plan["device_memory"] if chip.platform == "tpu" else None
+    limit = plan["device_memory"] if devices[0].platform == "tpu" else None
     compiled = plan_compile.compiled_memory(config, devices, limit)
-    row = {"recipe": recipe, "slice": slice_name, "lora": chosen.lora_rank,
+    return row_of(recipe, slice_name, config, plan, compiled, devices)
+
+
+def row_of(recipe: str, slice_name: str, config, plan: dict, compiled: dict,
+           devices: list) -> dict:
+    """The table's numbers from a plan (`plan_memory`) and a compiled round
+    (`compiled_memory`)."""
+    from jaxrubric import recipes
+    from jaxrubric.plan import roofline, topology
+
+    chip = topology.chip(devices[0])
+    row = {"recipe": recipe, "slice": slice_name,
+           "lora": recipes.slice_named(slice_name).lora_rank,
            "chips": len(devices), "usable": plan["usable"], "plan_state": plan["state_total"],
            "plan_peak": plan["total"],
            "plan_temp": plan["phase_totals"][plan["peak_phase"]],
