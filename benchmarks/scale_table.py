@@ -74,10 +74,11 @@ def row_of(recipe: str, slice_name: str, config, plan: dict, compiled: dict,
     steps = {phase: _decode_steps(config, plan, phase) for phase in plan["phases"]}
     decode = {}
     for name, phase in plan["phases"].items():
-        if "rollout" in name and name in stages and steps[name]:
+        stage = name.split(" (")[0]  # "policy rollout (induced responses)": its stage's name
+        if "rollout" in name and stage in stages and steps[name]:
             held = sum(b for label, b in phase.items
                        if label.startswith(("weights laid out", "KV cache:")))
-            decode[name] = stages[name].bytes / steps[name] / held
+            decode[stage] = stages[stage].bytes / steps[name] / held
     row.update(
         refused=False, argument=compiled["argument"], temp=compiled["temp"],
         peak=compiled["peak"], fits=compiled["peak"] <= plan["usable"],

@@ -246,3 +246,10 @@ def test_tiny_round_compiled_for_two_h100s(monkeypatch, capsys):
     roofline = printed[printed.index("Roofline on NVIDIA H100 80GB HBM3 (989 TFLOP/s"):]
     rows = {line.split("  ")[0] for line in roofline.splitlines()[2:-1]}
     assert rows == set(compiled["model_flops"]) | {"other"}
+
+
+def test_a_missing_cudnn_says_how_to_compile_anyway():
+    err = plan_compile._failed("stage 'policy rollout' (role policy)",
+                               RuntimeError("cuDNN not found.\nthe compiler's details"))
+    assert "pip install --no-deps nvidia-cudnn-cu12" in str(err)
+    assert "attention_impl=xla" in str(err)

@@ -61,6 +61,10 @@ class StageFailed(PlanError):
 def _failed(what: str, err: Exception) -> StageFailed:
     """The first lines of the compiler's message, under the name of what failed."""
     lines = [line for line in str(err).splitlines() if line.strip()]
+    if "cuDNN not found" in str(err):  # a compile-only GPU environment (the gpu-plan extra)
+        lines[:1] = [lines[0] + " (its attention goes through cuDNN, whose compile needs cuDNN "
+                     "itself: pip install --no-deps nvidia-cudnn-cu12, or compile the einsum "
+                     "form with --config.<role>.attention_impl=xla)"]
     return StageFailed(f"{what} does not lower or compile: "
                        + ("\n  ".join(lines[:6]) or type(err).__name__))
 
