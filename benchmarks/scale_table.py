@@ -7,7 +7,8 @@ compiled by the TPU and GPU compilers as `jaxrubric plan --topology` does, on th
 
 Each compile runs in a process of its own (an 8B round holds 10-15 GB of host memory while
 XLA compiles it, for 10-60 minutes on a 2-core box) and writes `RECIPE@SLICE.json` to `--out`;
-a rerun skips the ones already there, then prints the markdown table from all of them. Per
+a rerun skips the ones already there, then prints the markdown table from all of them
+(`--readme`: the README's short form). Per
 recipe and slice: the plan's state and peak, XLA's arguments, temporaries and peak per chip,
 whether the compiler's peak fits the slice's memory with 10% to spare, the plan's temporaries
 (its largest phase) over XLA's at its peak (the peak less the arguments: XLA's temporaries
@@ -130,6 +131,23 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def compact(rows: list[dict]) -> str:
+    """The README's short form: per recipe and slice, the compiler's verdict and the bound."""
+    lines = ["| recipe | slice | compiler's peak per chip (usable) | fits, 10% spare | round's "
+             "bound; MFU ceiling |", "|---|---|---|---|---|"]
+    for r in rows:
+        name = r["recipe"] + (f" (LoRA r{r['lora']})" if r["lora"] else "")
+        usable = f"{r['usable'] / GIB:.1f}"
+        if r["refused"]:
+            lines.append(f"| {name} | {r['slice']} | refused: {r['temp'] / GIB:.1f} GiB of "
+                         f"temporaries ({usable}) | no | - |")
+        else:
+            lines.append(f"| {name} | {r['slice']} | {r['peak'] / GIB:.1f} GiB ({usable}) | "
+                         f"{'yes' if r['fits'] else 'no'} | {r['seconds_bound']:.0f} s; "
+                         f"{r['mfu']:.0%} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     from jaxrubric.recipes import SLICES
 
@@ -137,6 +155,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--recipes", nargs="+", default=RECIPES)
     parser.add_argument("--slices", nargs="+", default=list(SLICES))
+    parser.add_argument("--readme", action="store_true", help="the README's short table")
+    parser.add_argument("--table-only", action="store_true",
+                        help="print the table of what --out holds, compiling nothing")
     parser.add_argument("--one", nargs=2, metavar=("RECIPE", "SLICE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -148,7 +169,7 @@ def main() -> None:
     for recipe in args.recipes:
         for slice_name in args.slices:
             path = args.out / f"{recipe}@{slice_name}.json"
-            if path.exists():
+            if path.exists() or args.table_only:
                 continue
             print(f"compiling {recipe} for {slice_name}...", flush=True)
             subprocess.run([sys.executable, __file__, "--out", str(args.out), "--one", recipe,
@@ -156,7 +177,7 @@ def main() -> None:
     rows = [json.loads((args.out / f"{r}@{s}.json").read_text())
             for r in args.recipes for s in args.slices
             if (args.out / f"{r}@{s}.json").exists()]
-    print(markdown(rows))
+    print(compact(rows) if args.readme else markdown(rows))
 
 
 if __name__ == "__main__":
