@@ -19,6 +19,7 @@ import os
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -26,6 +27,10 @@ from etils import epath
 
 _SHOW = False
 _TERMINAL_FD: int | None = None  # stderr's own file descriptor while a capture holds fd 2
+# The details file of the last failed read kept: where a coroutine that read left unawaited
+# reports if it is collected only after the capture ended (it may still be referenced then).
+_LATE_DETAILS: str | None = None
+_LIBRARIES = (f"{os.sep}orbax{os.sep}", f"{os.sep}tensorstore{os.sep}")
 
 
 def show_library_output(show: bool) -> None:
@@ -59,6 +64,10 @@ class Capture:
     def keep(self, path: str, title: str) -> None:
         """Appends the capture, under a dated `title` line, to `path`: a local file, or a URL
         (rewritten whole: object stores do not append)."""
+        global _LATE_DETAILS
+        if _LATE_DETAILS is None and not _SHOW:
+            sys.unraisablehook = _late_unraisable_hook(sys.unraisablehook)
+        _LATE_DETAILS = path
         entry = f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {title}\n{self.text}"
         entry += "" if entry.endswith("\n") else "\n"
         if "://" not in path:
@@ -73,6 +82,24 @@ class Capture:
         if self.text:
             sys.stderr.write(self.text)
             sys.stderr.flush()
+
+
+def _late_unraisable_hook(previous):
+    """`sys.unraisablehook` that sends an unawaited checkpoint-library coroutine's report to
+    the last failed read's details file; anything else goes to `previous`."""
+
+    def hook(unraisable) -> None:
+        code = getattr(unraisable.object, "cr_code", None)
+        if _LATE_DETAILS is None or code is None or not any(
+                part in code.co_filename for part in _LIBRARIES):
+            previous(unraisable)
+            return
+        text = "".join(traceback.format_exception(
+            unraisable.exc_type, unraisable.exc_value, unraisable.exc_traceback))
+        Capture(f"Exception ignored in: {unraisable.object!r}\n{text}").keep(
+            _LATE_DETAILS, "reported after the failed read's capture")
+
+    return hook
 
 
 @contextmanager

@@ -173,11 +173,11 @@ class Pending:
         yield
 
 
-async def read_shard():
-    try:
-        await Pending()
-    finally:
-        raise ValueError("unawaited read failed")
+# Orbax's own read coroutines live in its files: this one is named as one of them.
+exec(compile("async def read_shard():\\n    try:\\n        await Pending()\\n    finally:\\n"
+             "        raise ValueError('unawaited read failed')\\n",
+             os.path.join(os.sep, "site-packages", "orbax", "checkpoint", "serialization.py"),
+             "exec"))
 
 
 real_restore = ocp.CheckpointManager.restore
