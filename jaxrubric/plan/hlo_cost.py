@@ -47,10 +47,10 @@ from typing import NamedTuple
 DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
                "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16,
                "s4": 0.5, "u4": 0.5, "f8e4m3fn": 1, "f8e5m2": 1, "token": 0}
-SHAPE = re.compile(r"\b([a-z]+[0-9]*[a-z0-9]*)\[([0-9,]*)\]")
-# An array type with its layout: `bf16[128,1024]{1,0:T(8,128)(2,1)S(1)}`; `S(n)`, n >= 1, places
-# it in an alternate memory space (TPU memory-space assignment: on-chip memory), not HBM.
-ARRAY = re.compile(r"\b([a-z]+[0-9]*[a-z0-9]*)\[([0-9,]*)\](\{[^}]*\})?")
+# An array type and its layout, if written: `bf16[128,1024]{1,0:T(8,128)(2,1)S(1)}`; `S(n)`,
+# n >= 1, places it in an alternate memory space (TPU memory-space assignment: on-chip
+# memory), not HBM.
+SHAPE = re.compile(r"\b([a-z]+[0-9]*[a-z0-9]*)\[([0-9,]*)\](\{[^}]*\})?")
 ON_CHIP = re.compile(r"S\([1-9]\d*\)")
 INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
 HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
@@ -146,9 +146,12 @@ def parse_module(text: str) -> tuple[dict[str, list[Instruction]], str]:
     return computations, entry
 
 
-def _shapes(text: str) -> list[tuple[str, tuple[int, ...]]]:
+def _shapes(text: str, hbm_only: bool = False) -> list[tuple[str, tuple[int, ...]]]:
+    """The array types written in `text`, (dtype, dims); `hbm_only`: those not placed in
+    on-chip memory."""
     return [(d, tuple(int(x) for x in dims.split(",") if x))
-            for d, dims in SHAPE.findall(text) if d in DTYPE_BYTES]
+            for d, dims, layout in SHAPE.findall(text)
+            if d in DTYPE_BYTES and not (hbm_only and ON_CHIP.search(layout))]
 
 
 def nbytes(text: str) -> float:
@@ -160,9 +163,7 @@ def hbm_bytes(text: str) -> float:
     """Bytes of the array types in `text` that live in HBM (not in an alternate memory space,
     where the TPU compiler prefetches what a kernel reads next: reading or writing those is no
     HBM traffic)."""
-    return sum(DTYPE_BYTES[d] * math.prod(int(x) for x in dims.split(",") if x)
-               for d, dims, layout in ARRAY.findall(text)
-               if d in DTYPE_BYTES and not ON_CHIP.search(layout or ""))
+    return sum(DTYPE_BYTES[d] * math.prod(dims) for d, dims in _shapes(text, hbm_only=True))
 
 
 def elements(text: str) -> int:

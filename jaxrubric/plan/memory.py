@@ -169,7 +169,10 @@ def mesh_plan(config: ml_collections.ConfigDict, roles: Sequence[Role], shape: d
     phase_totals = {name: phase.total for name, phase in phases.items()}
     peak_phase = max(phase_totals, key=phase_totals.get)
     total = state_total + phase_totals[peak_phase]
+    rollout_ways = max((decode[s.role].ways for s in shapes.sampling if s.role in roles),
+                       default=None)
     return {"mesh": shape, "devices": math.prod(shape.values()), "batch_ways": ways,
+            "rollout_ways": rollout_ways,
             "state": state, "state_total": state_total, "phases": phases,
             "phase_totals": phase_totals, "peak_phase": peak_phase, "total": total,
             "fits": total <= usable, "moved": {s.key: moved.get(s.key, []) for s in stages}}
@@ -239,11 +242,8 @@ def plan_memory(config: ml_collections.ConfigDict, device_memory: int, *, headro
         section = mesh_plan(config, roles, meshes[owner][0], params, loc, dims, shapes, moved,
                             usable)
         prefix = "" if colocated else f"{mesh_name(roles)} mesh: "
-        sampling = [s.role for s in shapes.sampling if s.role in roles]
-        rollout_ways = max((decoding(params[r], meshes[owner][0], loc[r].backend).ways
-                            for r in sampling), default=None)
         notes += [prefix + note for note in uneven_micro_batches(
-            rc, shapes, dims, section["batch_ways"], roles, rollout_ways)]
+            rc, shapes, dims, section["batch_ways"], roles, section["rollout_ways"])]
         sections.append((roles, section))
     plan = {
         "method": config.method,
