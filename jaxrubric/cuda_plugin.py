@@ -16,11 +16,11 @@ import ctypes
 import functools
 import importlib
 import importlib.util
-import os
 import sys
-import tempfile
 from collections.abc import Callable
 from typing import Any, TypeVar
+
+from jaxrubric import fault_log
 
 T = TypeVar("T")
 
@@ -69,20 +69,14 @@ def load_quietly() -> None:
 
 
 def _holding_back_driver_lines(call: Callable[..., T], *args: Any) -> T:
-    """`call(*args)` with file descriptor 2 captured; what it wrote, less the missing-driver
-    lines, is written to stderr after (also when it raised)."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as held:
-        os.dup2(held.fileno(), 2)
-        try:
+    """`call(*args)` with what it writes captured (`fault_log.captured`); that, less the
+    missing-driver lines, is written to stderr after (also when it raised)."""
+    held = None
+    try:
+        with fault_log.captured() as held:
             return call(*args)
-        finally:
+    finally:
+        rest = without_driver_lines(held.text) if held is not None else ""
+        if rest:
+            sys.stderr.write(rest)
             sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            held.seek(0)
-            rest = without_driver_lines(held.read().decode("utf-8", errors="replace"))
-            if rest:
-                sys.stderr.write(rest)
-                sys.stderr.flush()
