@@ -1,5 +1,8 @@
 """Jitted sampling: one prefill, one `lax.while_loop` decode, K samples per prompt.
 
+The prompt is prefilled once and its cache is read, never copied, by its K samples; each
+sample keeps only its own tokens' keys and values (`SampleCache`).
+
 GRPO needs the sampled tokens and their log-probabilities under the model's own (untempered,
 unconstrained) distribution: `SampleResult.logprobs` is exactly what a teacher-forced forward
 gives at the sampled tokens. The log-probabilities under the distribution actually sampled from
@@ -30,7 +33,7 @@ from jax.sharding import Mesh
 
 from jaxrubric import microbatch
 from jaxrubric import sharding as shd
-from jaxrubric.models.transformer import MASKED_LOGIT, Decoder, KVCache
+from jaxrubric.models.transformer import MASKED_LOGIT, Decoder, KVCache, SampleCache
 from jaxrubric.rubric import grammar as grammar_lib
 
 MIN_BUCKET = 16
@@ -169,30 +172,32 @@ def _sample_step(logits: jax.Array, keys: jax.Array, temperature: jax.Array, top
     return token, logp, sample_logp
 
 
-def prefill(model: Decoder, tokens: jax.Array, mask: jax.Array, *, cache_len: int,
-            num_samples: int) -> tuple[KVCache, jax.Array]:
-    """Prompt forward once per prompt (left-padded `tokens`, `mask` True on real tokens), then
-    the cache and next-token logits copied for each of the `num_samples` rows continuing it.
-    Traceable: the co-evolution round calls it inside its own program."""
-    cache = KVCache.empty(model.config, tokens.shape[0], cache_len)
+def prefill(model: Decoder, tokens: jax.Array, mask: jax.Array) -> tuple[KVCache, jax.Array]:
+    """Prompt forward once per prompt (left-padded `tokens`, `mask` True on real tokens): the
+    prompts' cache and their next-token logits. Traceable: the co-evolution round calls it
+    inside its own program."""
+    cache = KVCache.empty(model.config, tokens.shape[0], tokens.shape[1])
     hidden, cache = model.hidden_states(tokens, attention_mask=mask, cache=cache)
-    logits = model.logits(hidden[:, -1:])[:, 0]
-    return cache.repeat(num_samples), jnp.repeat(logits, num_samples, axis=0)
+    return cache, model.logits(hidden[:, -1:])[:, 0]
 
 
-def decode(model: Decoder, cache: KVCache, logits: jax.Array, positions: jax.Array,
+def decode(model: Decoder, prompts: KVCache, logits: jax.Array, positions: jax.Array,
            keys: jax.Array, temperature: jax.Array, top_p: jax.Array, stop_ids: jax.Array,
            max_new_tokens: jax.Array, grammar: Any, *, params: SamplingParams,
-           num_samples: int, max_len: int) -> tuple[SampleResult, KVCache]:
-    """Decodes up to `max_new_tokens` (<= max_len) tokens for every row from the prefilled
-    cache; `positions [rows]` is each row's prompt length, `keys [rows]` its key (`row_keys`),
-    into which each step is folded. Traceable."""
+           num_samples: int, max_len: int) -> SampleResult:
+    """Decodes up to `max_new_tokens` (<= max_len) tokens for `num_samples` rows continuing
+    each prompt of the prefilled `prompts` cache (`logits`: its next-token logits, one row per
+    prompt); the samples keep their own tokens in a `SampleCache` and read the prompt's once
+    (`Decoder.decode_step`). `positions [rows]` is each row's prompt length, `keys [rows]` its
+    key (`row_keys`), into which each step is folded. Traceable."""
     model = model.unstacked()
+    logits = jnp.repeat(logits, num_samples, axis=0)
     rows = logits.shape[0]
     pad = jnp.int32(0)
     g_state = jnp.full((rows,), grammar.start_state if params.constrained else 0, jnp.int32)
     init = dict(
-        step=jnp.int32(0), cache=cache, logits=logits, g_state=g_state,
+        step=jnp.int32(0), cache=SampleCache.empty(prompts, num_samples, max_len),
+        logits=logits, g_state=g_state,
         tokens=jnp.zeros((rows, max_len), jnp.int32),
         logprobs=jnp.zeros((rows, max_len), jnp.float32),
         sampling_logprobs=jnp.zeros((rows, max_len), jnp.float32),
@@ -224,8 +229,8 @@ def decode(model: Decoder, cache: KVCache, logits: jax.Array, positions: jax.Arr
         out["finished"] = c["finished"] | hit_stop
         out["done"] = c["done"] | hit_stop | (step + 1 >= max_new_tokens)
         out["g_state"] = g_state
-        hidden, out["cache"] = model.hidden_states(
-            token[:, None], positions=(positions + step)[:, None], cache=c["cache"])
+        hidden, out["cache"] = model.decode_step(
+            token[:, None], (positions + step)[:, None], prompts, c["cache"])
         out["logits"] = model.logits(hidden)[:, 0]
         out["step"] = step + 1
         return out
@@ -238,7 +243,7 @@ def decode(model: Decoder, cache: KVCache, logits: jax.Array, positions: jax.Arr
         finished=final["finished"].reshape(shape),
         logprobs=final["logprobs"].reshape(*shape, max_len),
         sampling_logprobs=final["sampling_logprobs"].reshape(*shape, max_len),
-    ), final["cache"]
+    )
 
 
 def _in_layout(layout: shd.ActivationLayout | None):
@@ -248,22 +253,18 @@ def _in_layout(layout: shd.ActivationLayout | None):
     return shd.activation_layout(layout.mesh, layout.rules)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "cache_len", "num_samples", "layout"))
-def _prefill(graphdef, state, tokens, mask, *, cache_len: int, num_samples: int,
-             layout: shd.ActivationLayout | None):
+@functools.partial(jax.jit, static_argnames=("graphdef", "layout"))
+def _prefill(graphdef, state, tokens, mask, *, layout: shd.ActivationLayout | None):
     with _in_layout(layout):
-        return prefill(nnx.merge(graphdef, state), tokens, mask, cache_len=cache_len,
-                       num_samples=num_samples)
+        return prefill(nnx.merge(graphdef, state), tokens, mask)
 
 
 @functools.partial(jax.jit,
-                   static_argnames=("graphdef", "params", "num_samples", "max_len", "layout"),
-                   donate_argnames=("cache",))
-def _decode(graphdef, state, cache, *args, params: SamplingParams, num_samples: int,
+                   static_argnames=("graphdef", "params", "num_samples", "max_len", "layout"))
+def _decode(graphdef, state, prompts, *args, params: SamplingParams, num_samples: int,
             max_len: int, layout: shd.ActivationLayout | None):
-    """The decode program; the donated cache is updated in place and returned."""
     with _in_layout(layout):
-        return decode(nnx.merge(graphdef, state), cache, *args, params=params,
+        return decode(nnx.merge(graphdef, state), prompts, *args, params=params,
                       num_samples=num_samples, max_len=max_len)
 
 
@@ -283,8 +284,9 @@ def sample(model: Decoder, tokens: jax.Array, mask: jax.Array, lengths: jax.Arra
     `lengths [B]`; output length `max_new_tokens` exactly (static).
 
     With `micro_batches = n > 1` the prompts are prefilled and decoded n micro-batches at a
-    time (`microbatch.map_rows`), so the KV cache holds `B K / n` rows; every row keeps its
-    key, so the samples are the same and a micro-batch draws only its own rows' noise.
+    time (`microbatch.map_rows`), so the caches hold `B / n` prompts and `B K / n` samples' own
+    tokens; every row keeps its key, so the samples are the same and a micro-batch draws only
+    its own rows' noise.
 
     `noise_rows [B K]` (default: each row its own index) names the stream each output row draws
     its uniforms from: rows given the same index draw the same uniforms (common random numbers),
@@ -298,15 +300,12 @@ def sample(model: Decoder, tokens: jax.Array, mask: jax.Array, lengths: jax.Arra
 
     def run(prompts: tuple[jax.Array, ...]) -> SampleResult:
         tokens, mask, lengths, keys = prompts
-        cache, logits = prefill(decoder, tokens, mask,
-                                cache_len=tokens.shape[1] + max_new_tokens,
-                                num_samples=num_samples)
-        result, _ = decode(
+        cache, logits = prefill(decoder, tokens, mask)
+        return decode(
             decoder, cache, logits, jnp.repeat(lengths, num_samples), keys.reshape(-1),
             jnp.float32(max(temperature, 1e-6)), jnp.float32(1.0 if top_p is None else top_p),
             jnp.asarray(tuple(stop_token_ids) or (-1,), jnp.int32), jnp.int32(max_new_tokens),
             grammar, params=params, num_samples=num_samples, max_len=max_new_tokens)
-        return result
 
     prompts = (tokens, mask, lengths, keys)
     layout = shd.current_layout()
@@ -413,12 +412,10 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]] | np.ndarray, *,
     if mesh is not None:
         keys = jax.device_put(keys, shd.batch_sharding(mesh, 1, rules))
     layout = None if mesh is None else shd.ActivationLayout(mesh, rules)
-    cache, last_logits = _prefill(graphdef, state, ids_j, mask_j,
-                                  cache_len=prompt_len + out_len, num_samples=num_samples,
-                                  layout=layout)
+    cache, last_logits = _prefill(graphdef, state, ids_j, mask_j, layout=layout)
     params = sampling_params(temperature=temperature, top_k=top_k, top_p=top_p,
                              num_stop=len(stops), constrained=grammar is not None)
-    result, _ = _decode(
+    result = _decode(
         graphdef, state, cache, last_logits, jnp.repeat(lengths_j, num_samples), keys,
         jnp.float32(max(temperature, 1e-6)), jnp.float32(1.0 if top_p is None else top_p),
         jnp.asarray(stops if stops else (-1,), jnp.int32), jnp.int32(max_new_tokens),

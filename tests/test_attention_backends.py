@@ -291,30 +291,35 @@ def test_model_with_splash_equals_the_einsum_form(model_type, kind):
 
 
 def test_prefill_with_splash_then_decode_steps_equal_the_einsum_form():
-    """A left-padded prompt prefilled into a fresh cache (splash), then two decoding steps
-    (the einsum form over the cache): the same logits and cache."""
+    """A left-padded prompt prefilled into a fresh cache (splash), then two decoding steps of
+    two samples each (the einsum form over the prompts' and the samples' caches): the same
+    logits and caches."""
+    from jaxrubric.models.transformer import SampleCache
     from jaxrubric.sampling import prefill
 
     ids = _ids((2, 12), 1)
     valid = jnp.asarray(np.arange(12)[None] >= np.array([[3], [0]]))
+    samples = 2
+    positions = jnp.repeat(jnp.sum(valid, axis=1), samples)[:, None]
+    new = jnp.repeat(ids, samples, axis=0)
 
     def run(graph, params, steps=2):
         model = nnx.merge(graph, params)
-        cache, logits = prefill(model, ids, valid, cache_len=16, num_samples=1)
-        out = [logits]
+        prompts, logits = prefill(model, ids, valid)
+        cache, out = SampleCache.empty(prompts, samples, 4), [jnp.repeat(logits, samples, 0)]
         for t in range(steps):
-            hidden, cache = model.hidden_states(ids[:, t:t + 1], cache=cache)
+            hidden, cache = model.decode_step(new[:, t:t + 1], positions + t, prompts, cache)
             out.append(model.logits(hidden)[:, 0])
-        return jnp.stack(out, 1), cache
+        return jnp.stack(out, 1), (prompts, cache)
 
-    def step(graph, params, cache):
-        return nnx.merge(graph, params).hidden_states(ids[:, :1], cache=cache)
+    def step(graph, params, caches):
+        return nnx.merge(graph, params).decode_step(new[:, :1], positions, *caches)
 
     xla, splash_model = (nnx.split(m) for m in _model_pair("qwen3"))
-    # The prefill runs the kernel; a step, its cache traced, stays on the einsum form.
+    # The prefill runs the kernel; a step, its caches traced, stays on the einsum form.
     assert _kernel_calls(functools.partial(run, splash_model[0], steps=0), splash_model[1])
-    cache = jax.eval_shape(functools.partial(run, *splash_model))[1]
-    assert not _kernel_calls(functools.partial(step, splash_model[0]), splash_model[1], cache)
+    caches = jax.eval_shape(functools.partial(run, *splash_model))[1]
+    assert not _kernel_calls(functools.partial(step, splash_model[0]), splash_model[1], caches)
     run = jax.jit(run, static_argnums=0)
     _close(run(*splash_model), run(*xla))
 

@@ -11,7 +11,7 @@ from scipy import stats
 import jaxrubric
 from jaxrubric import sampling
 from jaxrubric import sharding as shd
-from jaxrubric.models.transformer import MASKED_LOGIT
+from jaxrubric.models.transformer import MASKED_LOGIT, KVCache, SampleCache
 
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11, 12], [13, 14, 15, 16, 17, 18, 19, 20, 21], [22]]
 
@@ -46,6 +46,41 @@ def _teacher_forced_logprobs(model, prompt, completion):
     n = len(prompt)
     return np.asarray(logp[n - 1:n - 1 + len(completion)][np.arange(len(completion)),
                                                           np.asarray(completion)])
+
+
+def test_samples_reading_the_prompt_once_equal_samples_on_their_own_copies(pair):
+    """`Decoder.decode_step` (each prompt's cache once, each sample's own tokens apart) against
+    the plain cache: the prompt's cache copied for each sample, the step's token written into
+    the copy. Left-padded prompts of different lengths, three samples each, distinct tokens."""
+    _, model = pair
+    samples, steps = 3, 4
+    ids, lengths = sampling.left_pad(PROMPTS, 16)
+    ids, lengths = jnp.asarray(ids), jnp.asarray(lengths)
+    mask = jnp.arange(16)[None] >= (16 - lengths)[:, None]
+    new = jnp.asarray(np.random.RandomState(0).randint(3, 200, (len(PROMPTS) * samples, steps)))
+    positions = jnp.repeat(lengths, samples)[:, None]
+
+    @jax.jit
+    def shared():
+        prompts, _ = sampling.prefill(model, ids, mask)
+        cache, out = SampleCache.empty(prompts, samples, steps), []
+        for t in range(steps):
+            hidden, cache = model.decode_step(new[:, t:t + 1], positions + t, prompts, cache)
+            out.append(model.logits(hidden)[:, 0])
+        return jnp.stack(out, 1)
+
+    @jax.jit
+    def copied():
+        cache = KVCache.empty(model.config, len(PROMPTS), 16 + steps)
+        _, cache = model.hidden_states(ids, attention_mask=mask, cache=cache)
+        cache, out = cache.repeat(samples), []
+        for t in range(steps):
+            hidden, cache = model.hidden_states(new[:, t:t + 1], positions=positions + t,
+                                                cache=cache)
+            out.append(model.logits(hidden)[:, 0])
+        return jnp.stack(out, 1)
+
+    np.testing.assert_allclose(shared(), copied(), atol=2e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("temperature, top_k", [(1.3, 50), (1.0, None)])

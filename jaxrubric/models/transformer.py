@@ -25,7 +25,8 @@ from flax import nnx
 
 from jaxrubric import sharding as shd
 from jaxrubric.models import lora as lora_lib
-from jaxrubric.models.attention import CausalPadding, self_attention, shared_prefix_attention
+from jaxrubric.models.attention import (CausalPadding, decode_attention, self_attention,
+                                        shared_prefix_attention)
 from jaxrubric.models.config import ModelConfig
 from jaxrubric.models.rope import apply_rope, inverse_frequencies, rope_tables
 
@@ -84,6 +85,29 @@ class KVCache(NamedTuple):
         rep = functools.partial(jnp.repeat, repeats=times, axis=0)
         return KVCache(tuple(map(rep, self.k)), tuple(map(rep, self.v)), rep(self.valid),
                        self.index)
+
+
+class SampleCache(NamedTuple):
+    """The keys/values of the tokens decoded so far by S samples continuing each of B prompts:
+    one array per layer `[B S, kv_heads, L, head_dim]` (rows prompt-major: sample `j` of
+    prompt `i` is row `i S + j`); `index` is the next slot to write, shared by all rows.
+
+    The prompts' own keys and values stay in their prefilled `KVCache`, once per prompt
+    (`Decoder.decode_step`): copying them for each sample would hold and read the prompt S
+    times over, which is most of a rollout's memory and most of a decode step's bytes when
+    prompts are long (a rubric generator reading K answers).
+    """
+
+    k: tuple[jax.Array, ...]
+    v: tuple[jax.Array, ...]
+    index: jax.Array
+
+    @classmethod
+    def empty(cls, prompts: KVCache, samples: int, length: int) -> "SampleCache":
+        batch, kv_heads, _, head_dim = prompts.k[0].shape
+        shape = (batch * samples, kv_heads, length, head_dim)
+        zeros = tuple(jnp.zeros(shape, prompts.k[0].dtype) for _ in prompts.k)
+        return cls(zeros, zeros, jnp.zeros((), jnp.int32))
 
 
 # Logical axes of the activations (`jaxrubric.sharding.ACTIVATION_RULES`), by layout.
@@ -149,17 +173,22 @@ def _attention_output(config: ModelConfig, w: dict, x, attn, drop_key):
     return _act(x + proj("down_proj", hidden), _RESIDUAL)
 
 
-def _layer(config: ModelConfig, p: dict, x, cos, sin, mask, kv_write, drop_key=None):
-    """One pre-norm block. `kv_write(k, v) -> (k_all, v_all, cache_out)` splices in the cache;
-    `drop_key [B]`: this layer's LoRA dropout keys, one per row (None: no dropout)."""
+def _layer(config: ModelConfig, p: dict, x, cos, sin, attend, drop_key=None):
+    """One pre-norm block. `attend(q, k, v) -> (attention output, cache_out)` is the layer's
+    attention with whatever cache it reads and writes; `drop_key [B]`: this layer's LoRA
+    dropout keys, one per row (None: no dropout)."""
     dtype = jnp.dtype(config.dtype)
     w = {name: value.astype(dtype) for name, value in p.items()}
     x = _act(x, _RESIDUAL)
     q, k, v = _attention_inputs(config, w, x, cos, sin, drop_key)
-    k_all, v_all, cache_out = kv_write(k, v)
-    attn = self_attention(q, k_all, v_all, mask, impl=config.attention_impl,
-                          chunk=config.attention_chunk)
+    attn, cache_out = attend(q, k, v)
     return _attention_output(config, w, x, attn, drop_key), cache_out
+
+
+def _write_slot(cache: jax.Array, new: jax.Array, slot) -> jax.Array:
+    """`new [B, kv_heads, T, head_dim]` written into `cache` from `slot` on, in place."""
+    return _act(jax.lax.dynamic_update_slice(cache, new.astype(cache.dtype), (0, 0, slot, 0)),
+                _KEYS)
 
 
 def _fresh(cache: KVCache) -> bool:
@@ -321,15 +350,15 @@ class Decoder(nnx.Module):
         def body(x, p, layer, k_cache=None, v_cache=None):
             drop = _layer_keys(lora_drop_keys, layer)
 
-            def kv_write(k, v):
-                if k_cache is None:
-                    return k, v, None
-                k_all = _act(jax.lax.dynamic_update_slice(
-                    k_cache, k.astype(k_cache.dtype), (0, 0, offset, 0)), _KEYS)
-                v_all = _act(jax.lax.dynamic_update_slice(
-                    v_cache, v.astype(v_cache.dtype), (0, 0, offset, 0)), _KEYS)
-                return k_all.astype(dtype), v_all.astype(dtype), (k_all, v_all)
-            return _layer(cfg, p, x, cos, sin, mask, kv_write, drop)
+            def attend(q, k, v):
+                cache_out = None
+                if k_cache is not None:
+                    k, v = (_write_slot(c, new, offset) for c, new in ((k_cache, k), (v_cache, v)))
+                    cache_out = (k, v)
+                attn = self_attention(q, k.astype(dtype), v.astype(dtype), mask,
+                                      impl=cfg.attention_impl, chunk=cfg.attention_chunk)
+                return attn, cache_out
+            return _layer(cfg, p, x, cos, sin, attend, drop)
 
         if cfg.remat != "none":
             body = jax.checkpoint(body, policy=_REMAT[cfg.remat])
@@ -352,6 +381,38 @@ class Decoder(nnx.Module):
             return hidden, None
         k_new, v_new = (tuple(t) for t in zip(*new_kv))
         return hidden, KVCache(k_new, v_new, slot_valid, cache.index + length)
+
+    def decode_step(self, tokens: jax.Array, positions: jax.Array, prompts: KVCache,
+                    samples: SampleCache) -> tuple[jax.Array, SampleCache]:
+        """One decoding step of S samples per prompt: hidden states `[B S, 1, D]` of their new
+        `tokens [B S, 1]` at `positions [B S, 1]`, and `samples` with their keys and values
+        written at slot `samples.index`.
+
+        Each sample attends to its prompt's keys in `prompts` (prefilled once per prompt,
+        never copied per sample) and to its own tokens so far, under one softmax over both
+        (`decode_attention`): the attention the plain cache gives over a prompt's copy and
+        the sample, without a second copy of the prompt. Call it on an `unstacked()` model.
+        """
+        cfg = self.config
+        dtype = jnp.dtype(cfg.dtype)
+        slot = samples.index
+        cos, sin = rope_tables(positions, inverse_frequencies(cfg.rope, cfg.head_dim))
+        x = _act(self.embed[...].astype(dtype)[tokens], _RESIDUAL)
+        written = jnp.arange(samples.k[0].shape[2]) <= slot
+        new_k, new_v = [], []
+        for i in range(cfg.num_layers):
+            def attend(q, k, v, i=i):
+                k, v = (_write_slot(c[i], new, slot) for c, new in ((samples.k, k),
+                                                                    (samples.v, v)))
+                attn = decode_attention(q, prompts.k[i].astype(dtype),
+                                        prompts.v[i].astype(dtype), prompts.valid,
+                                        k.astype(dtype), v.astype(dtype), written)
+                return attn, (k, v)
+            x, (k_i, v_i) = _layer(cfg, self._layer_weights(i), x, cos, sin, attend)
+            new_k.append(k_i)
+            new_v.append(v_i)
+        hidden = _act(rms_norm(x, self.final_norm[...], cfg.rms_norm_eps), _RESIDUAL)
+        return hidden, SampleCache(tuple(new_k), tuple(new_v), slot + tokens.shape[1])
 
     def shared_prefix_hidden(self, prefix, prefix_mask, branches, lora_drop_keys=None,
                              branch_mask=None):

@@ -17,11 +17,12 @@ vocabulary, `c` bytes of the compute dtype, `L` layers, `Q` the model's `attenti
   T rounded up to a multiple of Q) and float32 keys and values `2 r S kv hd 4`;
 - projections `r (T h + 2 S kv) hd c`; MLP `3 r T f c` (gate, up, their product);
 - one layer's forward working set `W(T, S) = 2 act(T) + max(projections + attention, MLP)`;
-- a rollout (`sampling.sample`: prefill the prompts into a cache of P + N slots, copy it for
-  each of the samples, decode N tokens): KV cache `rows (P + N) L 2 kv hd c`; its peak is the
-  prompts' cache + the larger of the prefill (`W(P, P + N)` + mask) and the copied cache
-  with the decode step's logits and the weights of their inverse CDF (one uniform per row,
-  so a micro-batch draws only its rows');
+- a rollout (`sampling.sample`: prefill the prompts into a cache of P slots, once per
+  prompt, then decode N tokens for each of the samples into a cache of their own tokens):
+  KV cache `rows T L 2 kv hd c` for T slots; its peak is the prompts' cache + the larger of
+  the prefill (`W(P, P)` + mask) and the samples' cache with the decode step's logits and
+  the weights of their inverse CDF (one uniform per row, so a micro-batch draws only its
+  rows');
 - a shared-prefix layer (`transformer._shared_prefix_layer`): a prefix of `P` tokens encoded
   once and `n` branches of `W` tokens continuing it, `Lt = P + n W` tokens in all: the masks
   `r (P^2 + n W^2)`, and `Ws = 2 act(Lt) + max(projections(Lt, Lt) + A, MLP(Lt))`, where `A`
@@ -240,37 +241,31 @@ def _rows_text(rows: int, micro_batches: int, unit: str = "rows") -> str:
 
 def rollout_phase(loc: Local, prompt_rows: int, samples: int, prompt: int, new: int, ways: int,
                   micro_batches: int = 1, weights: int = 0) -> Phase:
-    """`sampling.sample` inside the round: the prompts are prefilled into a cache of
-    `prompt + new` slots, the cache is copied for each sample, then tokens are decoded one
-    at a time. The prefill's layer working set is gone before the copy, so the peak is the
-    prompts' cache plus the larger of the two (one sample: no copy, the cache is decoded
-    in place). Micro-batches do this for a share of the prompts at a time. `loc` and `ways`
-    describe the decoding layout (`sharding.decoding_rules`), `weights` the copy of the
-    role's weights laid out for it, held through the stage."""
+    """`sampling.sample` inside the round: the prompts are prefilled into a cache of `prompt`
+    slots, once per prompt; then each of the `samples` rows continuing a prompt decodes `new`
+    tokens one at a time into a cache of its own tokens, reading its prompt's cache in place.
+    The prefill's layer working set is gone before the decode starts, so the peak is the
+    prompts' cache plus the larger of the two. Micro-batches do this for a share of the
+    prompts at a time. `loc` and `ways` describe the decoding layout
+    (`sharding.decoding_rules`), `weights` the copy of the role's weights laid out for it,
+    held through the stage."""
     micro_prompts = prompt_rows // micro_batches
     rp = rows_per_device(micro_prompts, ways)
     r = rows_per_device(micro_prompts * samples, ways)
-    length = prompt + new
-    cache = loc.kv_cache(r, length)
+    prompt_cache = loc.kv_cache(rp, prompt)
+    sample_cache = loc.kv_cache(r, new)
     step = 4 * r * (3 * loc.vocab + 3 * new)  # logits, filtered, CDF weights; tokens, log-probs
-    step_label = "decode step: logits, their sampling weights, sampled tokens and log-probs"
-    prefill = loc.working_set(rp, prompt, length) + loc.mask(rp, prompt, length)
-    items = [(f"KV cache: {_rows_text(prompt_rows * samples, micro_batches)} x {length} tokens",
-              cache),
-             (step_label, step),
-             (f"prefill: one layer over {_rows_text(prompt_rows, micro_batches, 'prompts')} "
-              f"x {prompt} tokens", prefill)]
+    prefill = loc.working_set(rp, prompt, prompt) + loc.mask(rp, prompt, prompt)
+    prompts = _rows_text(prompt_rows, micro_batches, "prompts")
+    items = [(f"KV cache of the {prompts} x {prompt} tokens", prompt_cache),
+             (f"KV cache of their samples' own tokens: "
+              f"{_rows_text(prompt_rows * samples, micro_batches)} x {new} tokens", sample_cache),
+             ("decode step: logits, their sampling weights, sampled tokens and log-probs", step),
+             (f"prefill: one layer over {prompts} x {prompt} tokens", prefill)]
     held, rule = (0, "") if not weights else (weights, "the decoding weights + ")
     if weights:
         items.insert(0, ("weights laid out for decoding (compute dtype)", weights))
-    if samples == 1:
-        return Phase(items, held + cache + max(prefill, step),
-                     f"{rule}the cache + the larger of the prefill and the decode step")
-    prompt_cache = loc.kv_cache(rp, length)
-    prompts = _rows_text(prompt_rows, micro_batches, "prompts")
-    items.insert(len(items) - 1, (f"KV cache of the {prompts} before the {samples}x copy",
-                                  prompt_cache))
-    return Phase(items, held + prompt_cache + max(prefill, cache + step),
+    return Phase(items, held + prompt_cache + max(prefill, sample_cache + step),
                  f"{rule}the prompts' cache + the larger of the prefill and the decode")
 
 

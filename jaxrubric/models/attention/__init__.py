@@ -1,7 +1,8 @@
 """Attention for the decoder: one interface, a kernel per backend (`ModelConfig.attention_impl`).
 
 - `xla`: the einsum forms (`einsum.py`), the CPU path and the reference the others are
-  tested against; also what decoding steps and explicit `[B, T, S]` masks always use.
+  tested against; also what decoding steps (`decode_attention`) and explicit `[B, T, S]`
+  masks always use.
 - `splash`: Pallas splash attention on TPU (`splash.py`), under `shard_map`.
 - `cudnn`: cuDNN's flash attention on NVIDIA GPUs (`cudnn.py`), where it takes the inputs;
   the einsum form elsewhere (float32, shared-prefix branches).
@@ -16,12 +17,13 @@ from __future__ import annotations
 import jax
 
 from jaxrubric.models.attention import cudnn, splash
-from jaxrubric.models.attention.einsum import attention, branch_attention, chunked_attention
+from jaxrubric.models.attention.einsum import (attention, branch_attention, chunked_attention,
+                                               decode_attention)
 from jaxrubric.models.attention.masks import CausalPadding, causal_mask
 from jaxrubric.models.attention.platform import compile_platform
 
 __all__ = ["CausalPadding", "attention", "branch_attention", "chunked_attention",
-           "resolve_impl", "self_attention", "shared_prefix_attention"]
+           "decode_attention", "resolve_impl", "self_attention", "shared_prefix_attention"]
 
 _BY_PLATFORM = {"tpu": "splash", "gpu": "cudnn"}
 

@@ -118,6 +118,22 @@ def branch_attention(q: jax.Array, prefix_k: jax.Array, prefix_v: jax.Array,
     return _query_blocks(attend, q, own, rows, axis=2)
 
 
+def decode_attention(q: jax.Array, prefix_k: jax.Array, prefix_v: jax.Array,
+                     prefix_valid: jax.Array, k: jax.Array, v: jax.Array, written: jax.Array
+                     ) -> jax.Array:
+    """A decoding step of S samples continuing each of B prompts: `q [B S, T, heads, D]`
+    (rows prompt-major) attend to their prompt's keys `prefix_k`, `prefix_v [B, kv_heads, P,
+    D]` (`prefix_valid [B, P]`) and to their own `k`, `v [B S, kv_heads, L, D]` at the slots
+    `written [L]` holds, in one softmax over both (`branch_attention`'s form, with the
+    samples as its branches). Returns `[B S, T, heads, D]`."""
+    b = prefix_k.shape[0]
+    s = q.shape[0] // b
+    q_b, k_b, v_b = (x.reshape(b, s, *x.shape[1:]) for x in (q, k, v))
+    own = jnp.broadcast_to(written, (b, s, q.shape[1], written.shape[0]))
+    out = _branch_attention(q_b, prefix_k, prefix_v, prefix_valid.astype(bool), k_b, v_b, own)
+    return out.reshape(q.shape)
+
+
 def _branch_attention(q, prefix_k, prefix_v, prefix_valid, k, v, own_mask):
     """`branch_attention` of the queries `q [B, S, T, heads, D]` (T of the L positions), with
     `own_mask [B, S, T, L]`: which of its branch's keys each query sees."""
