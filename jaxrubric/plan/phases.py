@@ -257,10 +257,10 @@ def rollout_phase(loc: Local, prompt_rows: int, samples: int, prompt: int, new: 
     step = 4 * r * (3 * loc.vocab + 3 * new)  # logits, filtered, CDF weights; tokens, log-probs
     prefill = loc.working_set(rp, prompt, prompt) + loc.mask(rp, prompt, prompt)
     prompts = _rows_text(prompt_rows, micro_batches, "prompts")
-    items = [(f"KV cache of the {prompts} x {prompt} tokens", prompt_cache),
-             (f"KV cache of their samples' own tokens: "
-              f"{_rows_text(prompt_rows * samples, micro_batches)} x {new} tokens", sample_cache),
-             ("decode step: logits, their sampling weights, sampled tokens and log-probs", step),
+    items = [(f"KV cache of {prompts} x {prompt} tokens", prompt_cache),
+             (f"KV cache of their samples: {_rows_text(prompt_rows * samples, micro_batches)} "
+              f"x {new} tokens", sample_cache),
+             ("decode step: logits, sampling weights, tokens, log-probs", step),
              (f"prefill: one layer over {prompts} x {prompt} tokens", prefill)]
     held, rule = (0, "") if not weights else (weights, "the decoding weights + ")
     if weights:
