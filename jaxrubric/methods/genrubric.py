@@ -429,13 +429,13 @@ def held_out_write(setup: RoundSetup, generator_params: nnx.State, batch: Expert
     generator writes)."""
     question = Question(batch.question, batch.question_lengths)
 
-    def write(num_rubrics: int, temperature: float) -> grammar_lib.ParsedRubric:
+    def rubrics(num_rubrics: int, temperature: float) -> grammar_lib.ParsedRubric:
         config = dataclasses.replace(setup.config, num_rubrics=num_rubrics, generator=(
             dataclasses.replace(setup.config.generator, temperature=temperature)))
         return write(dataclasses.replace(setup, config=config), generator_params, question,
                      key).parsed
 
-    sampled, greedy = write(batch.runs, setup.config.generator.temperature), write(1, 0.0)
+    sampled, greedy = rubrics(batch.runs, setup.config.generator.temperature), rubrics(1, 0.0)
     return jax.tree.map(lambda s, g: jnp.concatenate([s, g], axis=1), sampled, greedy)
 
 
