@@ -12,7 +12,7 @@ ids). Rows:
   (`jaxrubric.mfu.hbm_bandwidth`). `benchmarks/decode_matmul.py`'s matmul-only loop is fixed
   to its own Llamas (fp32, vocabulary 8192, square attention projections), so it gives no
   ceiling for this shape;
-- **policy GRPO update**: `methods.update.role_update_stage` on the decode rows (prompt + sampled
+- **policy GRPO update**: `methods.update.role_update` on the decode rows (prompt + sampled
   completion, random advantages; each prompt encoded once under its samples, the default
   `round.share_prefix`), beta > 0 so a reference forward runs, one AdamW step; model FLOPs
   `3 x flops.shared_teacher_forced_flops` (+ 1x for the reference forward);
@@ -54,7 +54,8 @@ from jaxrubric.methods.dynamic_rubric import DynamicRubricConfig
 from jaxrubric.methods.round_config import RoleConfig
 from jaxrubric.methods.setup import init_state
 from jaxrubric.methods.shapes import round_dims
-from jaxrubric.methods.update import role_update_stage
+from jaxrubric.methods.keys import RoundKey, update_keys
+from jaxrubric.methods.update import role_update
 from jaxrubric.plan.models import KNOWN_ARCHITECTURES
 from jaxrubric.roles import ROLES, TRAINED, Role
 from jaxrubric.rubric import verifier as V
@@ -225,10 +226,9 @@ def update_row(setup, state: RoundState, frozen: Frozen, decoded, work: Work,
     p, k = work.prompts, work.samples
     prompt, mask, samples = decoded
     advantages = jax.random.normal(jax.random.key(3), (p, k))
-    update = jax.jit(lambda s, ref, *xs: role_update_stage(Role.POLICY, setup, s, None,
-                                                                ref, *xs))
+    update = jax.jit(lambda s, ref, *xs: role_update(Role.POLICY, setup, s, None, ref, *xs))
     args = (state.policy, frozen.policy_ref, prompt, mask, samples, advantages,
-            jax.random.key(4))
+            update_keys(RoundKey(jax.random.key(4)))[Role.POLICY])
     if setup.config.share_prefix:  # each prompt encoded once under its K samples
         forward = flops.shared_teacher_forced_flops(
             cfg, prompts=p, prompt_len=work.prompt_len, samples=k,
@@ -240,7 +240,7 @@ def update_row(setup, state: RoundState, frozen: Frozen, decoded, work: Work,
         tokens = p * k * (work.prompt_len + work.new_tokens)
     passes = 3 * setup.config.num_updates + (setup.config.policy.beta > 0)
     shared = ", prompts shared" if setup.config.share_prefix else ""
-    return Row("policy GRPO update (`role_update_stage`)", f"{p * k} rows, prompt "
+    return Row("policy GRPO update (`role_update`)", f"{p * k} rows, prompt "
                f"{work.prompt_len} + completion {work.new_tokens}{shared}, beta "
                f"{setup.config.policy.beta}, {setup.config.num_updates} AdamW step",
                timed(update, args, repeats), tokens=tokens,

@@ -45,21 +45,20 @@ from jaxrubric.train import CoevolveTask
 def prefixes(setup: RoundSetup):
     """The round's growing prefixes, built from its own stages, each returning something that
     depends on all its work."""
-    run = placement.colocated(setup)
-
     def responses(state, frozen, batch, rng):
-        return dynamic_rubric.respond_stage(setup, state.policy.params, batch.policy, rng)
+        return dynamic_rubric.respond(setup, state.policy.params, batch.policy,
+                                      dynamic_rubric.round_keys(rng).respond)
 
     def rubrics(state, frozen, batch, rng):
         sampled, text_len = responses(state, frozen, batch, rng)
-        return dynamic_rubric.write_stage(setup, state.generator.params, batch.question, sampled,
-                                          text_len, rng)
+        return dynamic_rubric.write(setup, state.generator.params, batch.question, sampled,
+                                    text_len, dynamic_rubric.round_keys(rng).write)
 
     def rollout(state, frozen, batch, rng):
-        return dynamic_rubric.rollout(setup, state, frozen, batch, rng, run)
+        return dynamic_rubric.rollout(setup, state, frozen, batch, dynamic_rubric.round_keys(rng))
 
     def whole(state, frozen, batch, rng):
-        return dynamic_rubric.dynamic_rubric_round(setup, state, frozen, batch, rng, run)
+        return dynamic_rubric.dynamic_rubric_round(setup, state, frozen, batch, rng)
 
     return {"policy samples": responses, "generator writes rubrics": rubrics,
             "verification + rewards": rollout, "GRPO updates (both roles)": whole}
@@ -70,7 +69,7 @@ def round_steps(task: CoevolveTask) -> dict:
     programs of their own: `placement.SubMeshes` with every role on the task's mesh, so no
     array moves and only the program boundaries differ."""
     one = make_round_step(task.setup, task.frozen, task.method.round)
-    staged = placement.SubMeshes(task.setup, dict.fromkeys(ROLES, task.mesh))
+    staged = placement.SubMeshes(dict.fromkeys(ROLES, task.mesh))
     separate = make_submesh_round_step(task.setup, task.frozen, staged, task.method.round)
     return {"one program": one, "separate programs": separate}
 

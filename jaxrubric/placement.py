@@ -1,14 +1,17 @@
 """Where a round's stages run: every role on one mesh, or each role on a sub-mesh of its own.
 
-A round is written once, as a sequence of stages (`run(role, stage, *args)`: the policy
-samples, the generator writes rubrics, the verifier judges, each trained role updates).
+A round is written once, as stages called by name (`respond(setup, ...)`, `judge(...)`): each
+stage is a function marked with the role whose weights it runs (`@stage(Role.POLICY)`), and the
+placement in effect (`running(run)`, set by whoever builds the round's programs) decides where
+the call runs:
 
-- `colocated`: every role on one mesh. A stage is a plain call, so the round traced under
-  `jax.jit` is one compiled program (`methods.programs.make_round_step`).
+- `colocated` (the default): every stage is a plain call, so the round traced under `jax.jit`
+  is one compiled program (`methods.programs.make_round_step`).
 - `SubMeshes`: each role's weights live on its own devices, so a chip never holds the verifier
   next to the policy's optimiser state. Each stage is a program of its own on its role's mesh;
-  its inputs move there first (`jax.device_put`). Dispatch is asynchronous, so stages that do
-  not wait on each other (the two roles' updates) run at the same time on their devices.
+  its inputs move there first (`jax.device_put`, once per array and mesh). Dispatch is
+  asynchronous, so stages that do not wait on each other (the two roles' updates) run at the
+  same time on their devices.
 
 The devices of a `SubMeshes` placement must belong to one process: moving arrays between
 meshes spread over hosts is left to a later change.
@@ -16,21 +19,29 @@ meshes spread over hosts is left to a later change.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import functools
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrubric import sharding as shd
-from jaxrubric.roles import ROLES
+from jaxrubric.roles import ROLES, Role
+
+Stage = TypeVar("Stage", bound=Callable[..., Any])
 
 
 class Placement(Protocol):
-    def __call__(self, role: str, stage: Callable[..., Any], *args: Any, keep: int = 0) -> Any:
-        """`stage(setup, *args)` run where `role`'s weights are.
+    def __call__(self, role: Role, stage: Callable[..., Any], setup: Any, *args: Any,
+                 keep: int = 0) -> Any:
+        """`stage(setup, *args)` run where `role`'s weights are; `setup` is static (what the
+        stage's program is built for), `args` are arrays.
 
         `keep=n`: the stage returns `(*updated, metrics)` where `updated[i]` replaces `args[i]`
         for i < n (a role's parameters and optimiser state): those arguments are donated and the
@@ -38,34 +49,96 @@ class Placement(Protocol):
         """
 
 
-def colocated(setup: Any) -> Placement:
+def colocated(role: Role, stage: Callable[..., Any], setup: Any, *args: Any,
+              keep: int = 0) -> Any:
     """Every stage inline: the caller's `jax.jit` compiles the whole round as one program."""
+    del role, keep
+    return stage(setup, *args)
 
-    def run(role: str, stage: Callable[..., Any], *args: Any, keep: int = 0) -> Any:
-        del role, keep
-        return stage(setup, *args)
 
-    return run
+_PLACEMENT: contextvars.ContextVar[Placement] = contextvars.ContextVar("placement",
+                                                                      default=colocated)
+
+
+@contextlib.contextmanager
+def running(run: Placement) -> Iterator[None]:
+    """The stages called inside run where `run` places them."""
+    token = _PLACEMENT.set(run)
+    try:
+        yield
+    finally:
+        _PLACEMENT.reset(token)
+
+
+def within(run: Placement, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` with the stages it calls placed by `run`."""
+
+    @functools.wraps(fn)
+    def placed(*args: Any, **kwargs: Any) -> Any:
+        with running(run):
+            return fn(*args, **kwargs)
+
+    return placed
+
+
+def stage(role: Role | None = None, *, keep: int = 0) -> Callable[[Stage], Stage]:
+    """Marks a round's stage: a function `(setup, *arrays)` that runs on `role`'s devices, placed
+    by the placement in effect (`running`). Rounds call it by name, so a reader reaches the stage
+    itself. `keep` as in `Placement`. With `role=None` the stage is `(role, setup, *arrays)`,
+    run for the role it is given (a role's update). A stage called inside another stage is part
+    of that stage's program."""
+
+    def mark(body: Stage) -> Stage:
+        for_role: dict[Role, Callable[..., Any]] = {}  # stable callables: a program per role
+
+        @functools.wraps(body)
+        def placed(*args: Any) -> Any:
+            if role is None:
+                who = args[0]
+                fn = for_role.setdefault(who, functools.partial(body, who))
+                args = args[1:]
+            else:
+                who, fn = role, body
+            run = _PLACEMENT.get()
+            with running(colocated):
+                return run(who, fn, *args, keep=keep)
+
+        return placed  # type: ignore[return-value]
+
+    return mark
 
 
 class SubMeshes:
     """Each role's stages as programs of their own on that role's mesh (see module doc)."""
 
-    def __init__(self, setup: Any, meshes: Mapping[str, Mesh]):
+    def __init__(self, meshes: Mapping[str, Mesh]):
         missing = set(ROLES) - set(meshes)
         if missing:
             raise ValueError(f"sub-meshes: no mesh for {sorted(missing)}")
-        self.setup = setup
         self.meshes = dict(meshes)
         self._programs: dict[tuple, Callable[..., Any]] = {}
+        # Arrays already moved to a mesh, while their source lives: a stage that reads what an
+        # earlier stage on that mesh read (the verifier's reward after its judge) moves nothing.
+        self._moved: dict[tuple[int, int], tuple[weakref.ref, jax.Array]] = {}
 
-    def __call__(self, role: str, stage: Callable[..., Any], *args: Any, keep: int = 0) -> Any:
+    def __call__(self, role: Role, stage: Callable[..., Any], setup: Any, *args: Any,
+                 keep: int = 0) -> Any:
         mesh = self.meshes[role]
-        args = tuple(to_mesh(a, mesh) for a in args)
-        key = (role, stage, keep)
+        args = jax.tree.map(lambda x: self._on(x, mesh), args)
+        key = (role, stage, keep, setup)
         if key not in self._programs:
-            self._programs[key] = stage_program(self.setup, stage, mesh, args, keep)
+            self._programs[key] = stage_program(setup, stage, mesh, args, keep)
         return self._programs[key](*args)
+
+    def _on(self, x: Any, mesh: Mesh) -> Any:
+        """`x` where a stage on `mesh` takes it (`moved_to`), moved at most once."""
+        if not isinstance(x, jax.Array) or destination(x, mesh) is None:
+            return x
+        key = (id(x), id(mesh))
+        if key not in self._moved or self._moved[key][0]() is not x:
+            self._moved[key] = (weakref.ref(x, lambda _, k=key: self._moved.pop(k, None)),
+                                moved_to(x, mesh))
+        return self._moved[key][1]
 
     def compiled_programs(self) -> int:
         """How many programs the stages have compiled (one per stage and input shape)."""
@@ -95,14 +168,15 @@ def destination(x: jax.Array | jax.ShapeDtypeStruct, mesh: Mesh) -> NamedShardin
     return NamedSharding(mesh, PartitionSpec())
 
 
+def moved_to(x: Any, mesh: Mesh) -> Any:
+    """An array where a stage on `mesh` takes it (`destination`); anything else as it is."""
+    target = destination(x, mesh) if isinstance(x, jax.Array) else None
+    return x if target is None else jax.device_put(x, target)
+
+
 def to_mesh(tree: Any, mesh: Mesh) -> Any:
     """`tree`'s arrays moved to where a stage on `mesh` takes them (`destination`)."""
-
-    def move(x: Any) -> Any:
-        target = destination(x, mesh) if isinstance(x, jax.Array) else None
-        return x if target is None else jax.device_put(x, target)
-
-    return jax.tree.map(move, tree)
+    return jax.tree.map(lambda x: moved_to(x, mesh), tree)
 
 
 def parse_mesh_spec(text: str) -> dict[str, int]:

@@ -230,11 +230,10 @@ class CoevolveTask:
             evaluate = jax.jit(shd.traced_in(lambda state, frozen, batch, rng: (
                 self.method.evaluate(eval_setup, state, frozen, batch, rng)), self.mesh))
         else:
-            run = placement.SubMeshes(self.setup, self.meshes)
+            run = placement.SubMeshes(self.meshes)
             self._round = make_submesh_round_step(self.setup, self.frozen, run,
                                                   self.method.round)
-            evaluate = functools.partial(self.method.evaluate, eval_setup, run=(
-                run if eval_setup is self.setup else placement.SubMeshes(eval_setup, self.meshes)))
+            evaluate = functools.partial(placement.within(run, self.method.evaluate), eval_setup)
         self._evaluate = None
         if self.eval_records:
             self._eval_batch = self._encode(self.eval_records)

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ROWS = (
     "decode (`sampling.sample`)",
     "decode ceiling: every weight read once per step",
-    "policy GRPO update (`role_update_stage`)",
+    "policy GRPO update (`role_update`)",
     "verifier tree forward (`verify`)",
     "round: policy samples",
     "round: generator writes rubrics",

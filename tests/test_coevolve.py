@@ -11,7 +11,6 @@ from helpers import changed_roles, round_case, trained_params
 from jax.sharding import NamedSharding, PartitionSpec
 
 import jaxrubric
-from jaxrubric import placement
 from jaxrubric.methods import DYNAMIC_RUBRIC, dynamic_rubric
 from jaxrubric.methods.data import RoundResult, RoundState
 from jaxrubric.methods.dynamic_rubric import DynamicRubricConfig
@@ -70,16 +69,16 @@ def test_static_rubrics_and_the_oracle_reward(round_mesh):
         case.setup.config, policy_reward="oracle",
         policy=dataclasses.replace(case.setup.config.policy, advantage_mode="no_std")),
         oracle_reward=oracle)
-    out = jax.jit(lambda s, f, b, r: dynamic_rubric.rollout(setup, s, f, b, r,
-                                                            placement.colocated(setup)))(
+    out = jax.jit(lambda s, f, b, r: dynamic_rubric.rollout(
+        setup, s, f, b, dynamic_rubric.round_keys(r)))(
         case.state, case.frozen, case.batch, jax.random.key(0))
     rewards = np.asarray(out.responses.tokens, np.float64).sum(-1)
-    np.testing.assert_allclose(np.asarray(out.judged.policy_reward), rewards, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(out.rewards.policy_reward), rewards, rtol=1e-6)
     assert np.ptp(rewards, axis=-1).min() > 0, rewards
     assert not np.allclose(np.ptp(rewards, axis=-1), 2), rewards  # where group_std would agree
-    np.testing.assert_allclose(np.asarray(out.judged.policy_advantages),
+    np.testing.assert_allclose(np.asarray(out.rewards.policy_advantages),
                                rewards - rewards.mean(-1, keepdims=True), rtol=1e-5, atol=1e-3)
-    assert out.rubrics.tokens.shape[:2] == (case.batch.question.tokens.shape[0], 2)
+    assert out.rubrics.samples.tokens.shape[:2] == (case.batch.question.tokens.shape[0], 2)
 
 
 def test_each_role_has_its_own_advantage_mode():
@@ -108,6 +107,12 @@ def test_methods_are_registered_by_name():
     assert DYNAMIC_RUBRIC.evaluates and GENRUBRIC.evaluates
 
 
+def _rewards(**fields) -> dynamic_rubric.Rewards:
+    """A reward stage's output with only `fields` set."""
+    return dynamic_rubric.Rewards(*[None] * len(dynamic_rubric.Rewards._fields))._replace(
+        **fields)
+
+
 def test_evaluation_gaps_the_listed_anchor_pairs_under_the_valid_groups():
     """`anchor_delta_gap`: the mean score difference of every better-worse pair of listed
     anchor answers, each scored by the mean of the valid groups."""
@@ -116,12 +121,11 @@ def test_evaluation_gaps_the_listed_anchor_pairs_under_the_valid_groups():
     group_valid = jnp.asarray([[True, False], [True, True]])
     scores = jnp.asarray([[[0.2, 1.0], [0.4, 1.0]], [[1.0, 0.0], [0.5, 0.5]]])  # [B, K, G]
     mask = jnp.asarray([[True, True, True, False], [True, True, False, False]])
-    judged = dynamic_rubric.Judged(*[None] * len(dynamic_rubric.Judged._fields))._replace(
-        anchor_scores=anchor_scores, group_valid=group_valid, scoring=group_valid,
-        scores=scores)
+    judged = dynamic_rubric.Judged(None, None, scores, anchor_scores)
+    rewards = _rewards(group_valid=group_valid, scoring=group_valid)
     strict = jnp.asarray([[1, 2, 3, 4], [1, 2, 3, 4]])
     anchors = dynamic_rubric.Anchors(None, None, mask, strict)
-    metrics = jax.device_get(dynamic_rubric.evaluation_stage(None, anchors, judged))
+    metrics = jax.device_get(dynamic_rubric.held_out_metrics(None, anchors, judged, rewards))
     # Row 0 (group 0 only): 0.9, 0.5, 0.2 -> gaps 0.4, 0.7, 0.3; row 1: 0.45, 0.4 -> 0.05.
     assert metrics["anchor_delta_gap"] == pytest.approx((0.4 + 0.7 + 0.3 + 0.05) / 4)
     assert metrics["anchor_pair_accuracy"] == 1.0
@@ -130,21 +134,19 @@ def test_evaluation_gaps_the_listed_anchor_pairs_under_the_valid_groups():
     assert "quality" not in metrics and "delta_gap" not in metrics
     # Tied reference ranks make no pair: row 0 ranked [1, 2, 2] keeps 0.9-0.5 and 0.9-0.2.
     tied = dynamic_rubric.Anchors(None, None, mask, jnp.asarray([[1, 2, 2, 4], [1, 2, 3, 4]]))
-    metrics = jax.device_get(dynamic_rubric.evaluation_stage(None, tied, judged))
+    metrics = jax.device_get(dynamic_rubric.held_out_metrics(None, tied, judged, rewards))
     assert metrics["anchor_delta_gap"] == pytest.approx((0.4 + 0.7 + 0.05) / 3)
 
 
 def test_evaluation_gaps_the_policys_own_answers_ordered_by_the_ground_truth():
     """The paper's Δgap: the evaluator's score of the better minus the worse of each pair of
     the policy's own answers, pairs ordered by the oracle; and the share ordered right."""
-    judged = dynamic_rubric.Judged(*[None] * len(dynamic_rubric.Judged._fields))._replace(
-        anchor_scores=jnp.zeros((2, 1, 1)), group_valid=jnp.ones((2, 1), bool),
-        scoring=jnp.ones((2, 1), bool),
-        scores=jnp.zeros((2, 3, 1)),
-        oracle_reward=jnp.asarray([[1.0, 0.5, 0.5], [0.2, 0.0, 0.9]]),
-        rubric_reward=jnp.asarray([[0.8, 0.3, 0.9], [0.5, 0.5, 0.7]]))
+    judged = dynamic_rubric.Judged(None, None, jnp.zeros((2, 3, 1)), jnp.zeros((2, 1, 1)))
+    rewards = _rewards(group_valid=jnp.ones((2, 1), bool), scoring=jnp.ones((2, 1), bool),
+                       oracle_reward=jnp.asarray([[1.0, 0.5, 0.5], [0.2, 0.0, 0.9]]),
+                       rubric_reward=jnp.asarray([[0.8, 0.3, 0.9], [0.5, 0.5, 0.7]]))
     anchors = dynamic_rubric.Anchors(None, None, jnp.ones((2, 1), bool), jnp.ones((2, 1)))
-    metrics = jax.device_get(dynamic_rubric.evaluation_stage(None, anchors, judged))
+    metrics = jax.device_get(dynamic_rubric.held_out_metrics(None, anchors, judged, rewards))
     # Row 0: (0>1) 0.5, (0>2) -0.1 (wrong); the tie 1~2 makes no pair. Row 1: (0>1) 0.0 (a
     # tie in score: half right), (2>0) 0.2, (2>1) 0.2.
     assert metrics["delta_gap"] == pytest.approx((0.5 - 0.1 + 0.0 + 0.2 + 0.2) / 5)

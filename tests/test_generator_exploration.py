@@ -13,7 +13,6 @@ from flax import nnx
 from helpers import params_copy, round_case
 
 import jaxrubric
-from jaxrubric import placement
 from jaxrubric.config import ConfigFileError, base_config, check_config
 from jaxrubric.methods import DYNAMIC_RUBRIC, dynamic_rubric, update
 from jaxrubric.methods.data import RoleState
@@ -87,12 +86,12 @@ def test_the_explorer_writes_the_last_rubrics_which_never_score_the_policy():
     frozen = case.frozen._replace(generator_explorer=params_copy(explorer_model))
     with pytest.raises(ValueError, match="explorer's weights"):
         jax.jit(lambda s, f, b, r: dynamic_rubric.rollout(
-            case.setup, s, f, b, r, placement.colocated(case.setup)))(
+            case.setup, s, f, b, dynamic_rubric.round_keys(r)))(
             case.state, case.frozen, case.batch, jax.random.key(0))
     out = jax.jit(lambda s, f, b, r: dynamic_rubric.rollout(
-        case.setup, s, f, b, r, placement.colocated(case.setup)))(
+        case.setup, s, f, b, dynamic_rubric.round_keys(r)))(
         case.state, frozen, case.batch, jax.random.key(0))
-    rubrics, gen_input = out.rubrics, out.gen_input
+    rubrics, gen_input = out.rubrics.samples, out.rubrics.prompt
     b, g, length = rubrics.tokens.shape
     mask = np.arange(length) < np.asarray(rubrics.lengths)[..., None]
     for name, model in (("generator", case.models[Role.GENERATOR]),
@@ -105,13 +104,13 @@ def test_the_explorer_writes_the_last_rubrics_which_never_score_the_policy():
         assert per_rubric[:, writer].all(), name
         assert not per_rubric[:, 2:4 if name == "generator" else 0:2].any(), name
 
-    judged = out.judged
-    own = np.asarray(judged.group_valid)[:, :2]
-    np.testing.assert_array_equal(np.asarray(judged.scoring), np.concatenate(
+    rewards = out.rewards
+    own = np.asarray(rewards.group_valid)[:, :2]
+    np.testing.assert_array_equal(np.asarray(rewards.scoring), np.concatenate(
         [own, np.zeros_like(own)], axis=1))
-    scores = np.asarray(judged.scores)[..., :2]  # [B, K, 2]
+    scores = np.asarray(out.judged.scores)[..., :2]  # [B, K, 2]
     want = (scores * own[:, None]).sum(-1) / np.maximum(own.sum(-1), 1)[:, None]
-    np.testing.assert_allclose(np.asarray(judged.rubric_reward), want, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(rewards.rubric_reward), want, rtol=1e-6, atol=1e-7)
 
     program = round_program(case.setup, DYNAMIC_RUBRIC.round,
                             jax.tree.map(lambda x: x.sharding, case.state))
@@ -165,17 +164,17 @@ def test_item_credit_adds_each_items_advantage_to_its_tokens():
                                  soft_verdicts=True, item_credit=0.5)
     case = round_case(DYNAMIC_RUBRIC, config, mesh)
     out = jax.jit(lambda s, f, b, r: dynamic_rubric.rollout(
-        case.setup, s, f, b, r, placement.colocated(case.setup)))(
+        case.setup, s, f, b, dynamic_rubric.round_keys(r)))(
         case.state, case.frozen, case.batch, jax.random.key(1))
-    judged, parsed = out.judged, out.parsed
-    valid = np.asarray(parsed.valid & judged.group_valid[..., None])
-    item_adv = np.asarray(judged.item_advantages)
+    rewards, parsed = out.rewards, out.rubrics.parsed
+    valid = np.asarray(parsed.valid & rewards.group_valid[..., None])
+    item_adv = np.asarray(rewards.item_advantages)
     assert valid.sum() > 4 and np.all(item_adv[~valid] == 0)
     for row in range(valid.shape[0]):
         if valid[row].sum() > 1:
             assert abs(item_adv[row][valid[row]].mean()) < 1e-5
-    tokens = np.asarray(dynamic_rubric.generator_update_advantages(judged, parsed))
-    seq = np.asarray(judged.generator_advantages)
+    tokens = np.asarray(rewards.generator_update_advantages)
+    seq = np.asarray(rewards.generator_advantages)
     token_item = np.asarray(parsed.token_item)
     want = seq[..., None] + np.where(token_item >= 0, np.take_along_axis(
         item_adv, np.clip(token_item, 0, None), axis=-1), 0.0)

@@ -185,10 +185,11 @@ def test_common_noise_makes_one_querys_identical_rubrics_induce_one_response(
 
     @jax.jit
     def induce(generator, policy, question, rng):
-        _, rubrics, _ = gr_method.write_stage(case.setup, generator, question, rng)
+        keys = gr_method.round_keys(rng)
+        rubrics = gr_method.write(case.setup, generator, question, keys.write).samples
         # every group shown its query's first rubric
         rubrics = jax.tree.map(lambda x: jnp.broadcast_to(x[:, :1], x.shape), rubrics)
-        return gr_method.induce_stage(case.setup, policy, question, rubrics, rng).responses
+        return gr_method.induce(case.setup, policy, question, rubrics, keys.induce).responses
 
     responses = jax.device_get(induce(generator, policy, case.batch.question, jax.random.key(1)))
     assert responses.tokens.shape == (2, 3 * per_group, 10)

@@ -35,7 +35,7 @@ MEMORY_SAVING = ["--config.round.rollout_micro_batches=2", "--config.round.updat
 LORA = [f"--config.{role}.lora.{key}={value}" for role in ("policy", "generator")
         for key, value in (("rank", 4), ("dropout", 0.1), ("targets", "q_proj,v_proj,up_proj"))]
 UPDATE_RTOL = {Role.POLICY: 1e-3, Role.GENERATOR: 1e-2}  # as tests/test_mesh_equivalence.py
-STAGES = {"dynamic_rubric": 5, "genrubric": 5}  # rollout stages + both updates
+STAGES = {"dynamic_rubric": 6, "genrubric": 6}  # rollout stages, judge, reward, both updates
 EVAL_STAGES = {"dynamic_rubric": 1, "genrubric": 2}  # the held-out evaluation's programs
 HEALTHBENCH = Path(__file__).parent / "data" / "healthbench_oss_eval_30examples.jsonl"
 

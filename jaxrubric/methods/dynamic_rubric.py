@@ -1,17 +1,19 @@
 """DynamicRubric: the generator writes rubrics for the policy's own answer set, and both co-evolve.
 
-One round (docs/design.md, §1 and §6), stage by stage as `round` runs them:
+One round (docs/design.md, §1 and §6), stage by stage as `dynamic_rubric_round` calls them
+(each on its role's devices, `jaxrubric.placement`), its random keys planned in `round_keys`:
 
 1. **respond** (policy): K answers per prompt;
 2. **write** (generator): shown the prompt and that answer set (or, the static baseline, the
    prompt alone), G weighted rubrics, grammar-constrained and parsed on device;
 3. **judge** (verifier): every answer and every anchor answer under every item, one
-   tree-masked forward per answer; scores `sum(w v) / sum(w)`; the generator's reward
-   (discriminability over the set + anchor ranking) and the policy's (the scores);
-4. **update**: GRPO on the generator's rubric tokens, then on the policy's answers.
+   tree-masked forward per answer, and their scores `sum(w v) / sum(w)`;
+4. **reward** (verifier): the generator's reward (discriminability over the set + anchor
+   ranking) and the policy's (the scores), and both roles' advantages;
+5. **update** (`methods.update`): GRPO on the generator's rubric tokens, then on the policy's
+   answers.
 
-`evaluate` runs steps 1-3 on a held-out batch without updates.
-"""
+`evaluate` runs stages 1-4 on a held-out batch without updates."""
 
 from __future__ import annotations
 
@@ -33,21 +35,18 @@ from jaxrubric.methods.shapes import (Read, RoundDims, RoundShapes, Sampling, Ve
                                       anchor_row_bytes, check_micro_batches, config_dims,
                                       parsed_row_bytes, question_row_bytes, sample_row_bytes,
                                       trained_updates)
-from jaxrubric.methods.steps import judge, text_lengths, write_rubrics
-from jaxrubric.methods.update import UpdateInputs, update_roles
+from jaxrubric.methods.keys import EXPLORER_STREAM, RoundKey, update_keys
+from jaxrubric.methods.steps import Rubrics, judge_answers, text_lengths, write_rubrics
+from jaxrubric.methods.update import UpdateInputs, update
 from jaxrubric.rewards import credit
 from jaxrubric.rewards.dynamic_rubric import (DISC_MODES, GENERATOR_COMBINES,
                                               dynamic_rubric_rewards, generator_advantages,
                                               item_rewards, preference_pairs)
 from jaxrubric.rl import grpo
-from jaxrubric.roles import TRAINED, Role
+from jaxrubric.roles import Role
 from jaxrubric.rubric import grammar as grammar_lib
 from jaxrubric.rubric import templates as tpl
 from jaxrubric.rubric.scores import dynamic_rubric_score
-
-PyTree = Any
-
-
 
 # ------------------------------------------------------------------------------ settings
 @dataclasses.dataclass(frozen=True)
@@ -113,15 +112,33 @@ def shown_responses(config: DynamicRubricConfig) -> int:
     return 0 if config.rubric_source == "static" else config.num_responses
 
 
+# ------------------------------------------------------------------------------ keys
+class Keys(NamedTuple):
+    """A round's random keys, one per stage that draws."""
+
+    respond: RoundKey
+    write: RoundKey
+    explore: RoundKey  # the explorer's rubrics (`explorer_rubrics`)
+    update: dict[Role, RoundKey]  # each trained role's LoRA dropout
+
+
+def round_keys(rng: jax.Array) -> Keys:
+    """The round's key plan: every key its stages draw, from the round's key."""
+    key = RoundKey(rng)
+    respond_key, write_key = key.split()
+    return Keys(respond_key, write_key, write_key.fold_in(EXPLORER_STREAM), update_keys(key))
+
+
 # ------------------------------------------------------------------------------ stages
-def respond_stage(setup: RoundSetup, policy_params: nnx.State, prompt: PolicyPrompt,
-                  rng: jax.Array) -> tuple[sampling.SampleResult, jax.Array]:
+@placement.stage(Role.POLICY)
+def respond(setup: RoundSetup, policy_params: nnx.State, prompt: PolicyPrompt, key: RoundKey
+            ) -> tuple[sampling.SampleResult, jax.Array]:
     """Stage 1 (policy): K answers per prompt `[B, K, Lr]` and their lengths without the stop
     token."""
     cfg = setup.config
     responses = sampling.sample(
         nnx.merge(setup.graph(Role.POLICY), policy_params), prompt.tokens, prompt.mask,
-        prompt.lengths, jax.random.split(rng)[0], num_samples=cfg.num_responses,
+        prompt.lengths, key.draw(), num_samples=cfg.num_responses,
         max_new_tokens=cfg.response_tokens, temperature=cfg.policy.temperature, top_p=cfg.top_p,
         stop_token_ids=setup.stop_token_ids, micro_batches=cfg.rollout_micro_batches)
     return responses, text_lengths(responses)
@@ -139,37 +156,67 @@ def generator_input(setup: RoundSetup, question: Question, responses: sampling.S
         pad_id=setup.pad_id, align="right")
 
 
-def write_stage(setup: RoundSetup, generator_params: nnx.State, question: Question,
-                responses: sampling.SampleResult, text_len: jax.Array, rng: jax.Array,
-                explorer_params: nnx.State | None = None
-                ) -> tuple[tpl.Packed, sampling.SampleResult, grammar_lib.ParsedRubric]:
+@placement.stage(Role.GENERATOR)
+def write(setup: RoundSetup, generator_params: nnx.State, question: Question,
+          responses: sampling.SampleResult, text_len: jax.Array, key: RoundKey,
+          explorer: tuple[nnx.State, RoundKey] | None = None) -> Rubrics:
     """Stage 2 (generator): it sees the prompt and the whole response set (or, static, the
-    prompt alone) and writes G rubrics, parsed at the token level (the last
-    `explorer_rubrics` of them written by the explorer, shown the same input)."""
-    generator = nnx.merge(setup.graph(Role.GENERATOR), generator_params)
-    explorer = (None if explorer_params is None
-                else nnx.merge(setup.graph(Role.GENERATOR), explorer_params))
-    gen_input = generator_input(setup, question, responses, text_len)
-    return (gen_input, *write_rubrics(setup, generator, gen_input, jax.random.split(rng)[1],
-                                      explorer, setup.config.explorer_rubrics))
+    prompt alone) and writes G rubrics, parsed at the token level; with `explorer` (its
+    weights and key) the last `explorer_rubrics` of them are the explorer's, shown the same
+    input."""
+    explored = setup.config.explorer_rubrics
+    if explored and explorer is None:
+        raise ValueError("round.explorer_rubrics > 0 needs the explorer's weights "
+                         "(Frozen.generator_explorer)")
+    graph = setup.graph(Role.GENERATOR)
+    explore = (None if not explored else
+               (nnx.merge(graph, explorer[0]), explored, explorer[1].draw()))
+    return write_rubrics(setup, nnx.merge(graph, generator_params),
+                         generator_input(setup, question, responses, text_len), key.draw(),
+                         explore)
 
 
 class Judged(NamedTuple):
-    """What the verifier stage computes."""
+    """What the judge stage computes: verdicts and the scores they give."""
 
     verdicts: jax.Array  # [B, K, G, M] (p_yes with soft_verdicts)
+    anchor_verdicts: jax.Array  # [B, n, G, M]
     scores: jax.Array  # [B, K, G] rubric scores of the responses
     anchor_scores: jax.Array  # [B, n, G] rubric scores of the anchor answers
+
+
+@placement.stage(Role.VERIFIER)
+def judge(setup: RoundSetup, verifier_params: nnx.State, question: Question, anchors: Anchors,
+          responses: sampling.SampleResult, text_len: jax.Array,
+          parsed: grammar_lib.ParsedRubric) -> Judged:
+    """Stage 3 (verifier): every response and every anchor answer judged under every item,
+    one tree-masked forward per answer, and scored by every rubric, `sum(w v) / sum(w)`."""
+    verifier = nnx.merge(setup.graph(Role.VERIFIER), verifier_params)
+    verdicts = judge_answers(setup, verifier, question, responses.tokens, text_len, parsed,
+                             parsed.valid)  # [B, K, G, M]
+    anchor_verdicts = judge_answers(setup, verifier, question, anchors.tokens, anchors.lengths,
+                                    parsed, parsed.valid)  # [B, n, G, M]
+    weights = parsed.weights.astype(jnp.float32)
+    scores, _ = dynamic_rubric_score(verdicts, weights[:, None], parsed.valid[:, None])
+    anchor_scores, _ = dynamic_rubric_score(anchor_verdicts, weights[:, None],
+                                            parsed.valid[:, None])
+    return Judged(verdicts, anchor_verdicts, scores, anchor_scores)
+
+
+class Rewards(NamedTuple):
+    """What the reward stage computes."""
+
     group_valid: jax.Array  # [B, G]
     scoring: jax.Array  # [B, G] the valid groups that score answers: the generator's own
     generator_reward: jax.Array  # [B, G] J_disc + anchor_weight J_anchor
-    discriminability: jax.Array  # [B, G] J_disc
-    anchor_reward: jax.Array  # [B, G] J_anchor
     rubric_reward: jax.Array  # [B, K] the responses' score under this round's evaluator
     policy_reward: jax.Array  # [B, K] rubric_reward, or the oracle's with policy_reward=oracle
     oracle_reward: jax.Array | None  # [B, K] ground truth, when the setup has an oracle
-    generator_advantages: jax.Array  # [B, G]
+    generator_advantages: jax.Array  # [B, G] the rubrics'
     item_advantages: jax.Array | None  # [B, G, M] with item_credit (times it), else None
+    # What the generator's update learns from: `generator_advantages`, or with `item_credit`
+    # per token `[B, G, L]`, each item token adding its item's advantage.
+    generator_update_advantages: jax.Array
     policy_advantages: jax.Array  # [B, K]
     metrics: dict[str, jax.Array]  # the rollout's scalar summaries
 
@@ -179,28 +226,22 @@ def mean_valid_score(scores: jax.Array, group_valid: jax.Array) -> jax.Array:
     return grpo.masked_mean(scores, group_valid[:, None, :], axis=-1)
 
 
-def judge_stage(setup: RoundSetup, verifier_params: nnx.State, question: Question,
-                anchors: Anchors, responses: sampling.SampleResult, text_len: jax.Array,
-                rubrics: sampling.SampleResult, parsed: grammar_lib.ParsedRubric,
-                use_oracle: jax.Array | None = None) -> Judged:
-    """Stage 3 (verifier): every response and every anchor answer judged under every item,
-    then scores, both roles' rewards and their group advantages. `use_oracle`: the run's
-    runtime switch (`RunSwitches.oracle_reward`) in place of `policy_reward`."""
+@placement.stage(Role.VERIFIER)
+def reward(setup: RoundSetup, question: Question, anchors: Anchors,
+           responses: sampling.SampleResult, text_len: jax.Array,
+           rubrics: sampling.SampleResult, parsed: grammar_lib.ParsedRubric, judged: Judged,
+           use_oracle: jax.Array | None = None) -> Rewards:
+    """Stage 4 (verifier): both roles' rewards and their group advantages from the judged
+    rollout: the generator's (discriminability over the set + anchor ranking, with item credit
+    per token), the policy's (the scores of this round's evaluator, or the oracle's).
+    `use_oracle`: the run's runtime switch (`RunSwitches.oracle_reward`) in place of
+    `policy_reward`."""
     cfg = setup.config
-    verifier = nnx.merge(setup.graph(Role.VERIFIER), verifier_params)
-    verdicts = judge(setup, verifier, question, responses.tokens, text_len, parsed,
-                     parsed.valid)  # [B, K, G, M]
-    anchor_verdicts = judge(setup, verifier, question, anchors.tokens, anchors.lengths,
-                            parsed, parsed.valid)  # [B, n, G, M]
-
-    weights = parsed.weights.astype(jnp.float32)
-    scores, _ = dynamic_rubric_score(verdicts, weights[:, None], parsed.valid[:, None])
-    anchor_scores, _ = dynamic_rubric_score(anchor_verdicts, weights[:, None],
-                                            parsed.valid[:, None])
+    verdicts = judged.verdicts
     gen_reward, parts = dynamic_rubric_rewards(
-        verdicts.transpose(0, 2, 1, 3), weights, parsed.valid, anchor_scores.transpose(0, 2, 1),
-        lam=cfg.anchor_weight, anchor_mask=anchors.mask, anchor_ranks=anchors.ranks,
-        disc_mode=cfg.disc_mode)
+        verdicts.transpose(0, 2, 1, 3), parsed.weights.astype(jnp.float32), parsed.valid,
+        judged.anchor_scores.transpose(0, 2, 1), lam=cfg.anchor_weight,
+        anchor_mask=anchors.mask, anchor_ranks=anchors.ranks, disc_mode=cfg.disc_mode)
     group_valid = parts["group_valid"] & parsed.complete
     # Invalid rubrics rank below every valid one in each normalisation (no fixed penalty is
     # below every reward: a valid rubric that reverses the anchors scores J_anchor ~ -1.06).
@@ -208,26 +249,28 @@ def judge_stage(setup: RoundSetup, verifier_params: nnx.State, question: Questio
         parts["disc"], parts["anchor"], group_valid, lam=cfg.anchor_weight,
         combine=cfg.generator_combine, mode=cfg.generator.advantage_mode)
 
-    item_adv, item_metrics = None, {}
+    item_adv, item_metrics, update_advantages = None, {}, gen_advantages
     if cfg.item_credit:
         item_mask = parsed.valid & group_valid[..., None]
         item_disc, item_anchor = item_rewards(
-            verdicts.transpose(0, 2, 1, 3), anchor_verdicts.transpose(0, 2, 1, 3), item_mask,
-            anchor_mask=anchors.mask, anchor_ranks=anchors.ranks)
+            verdicts.transpose(0, 2, 1, 3), judged.anchor_verdicts.transpose(0, 2, 1, 3),
+            item_mask, anchor_mask=anchors.mask, anchor_ranks=anchors.ranks)
         item_adv = cfg.item_credit * (
             credit.item_advantages(item_disc, item_mask, mode=cfg.generator.advantage_mode)
             + cfg.anchor_weight * credit.item_advantages(
                 item_anchor, item_mask, mode=cfg.generator.advantage_mode))
         item_metrics = {"generator/item_discriminability": grpo.masked_mean(item_disc, item_mask),
                         "generator/item_anchor": grpo.masked_mean(item_anchor, item_mask)}
+        update_advantages = credit.token_level_advantages(gen_advantages, item_adv,
+                                                          parsed.token_item)
     # The explorer's rubrics only teach the generator: the evaluator is the generator's own.
     explored = explorer_groups(cfg)
     scoring = group_valid & ~explored
     if cfg.policy_score == "best_group":  # the rubric the generator's advantage ranks first
         best = jnp.argmax(jnp.where(scoring, gen_advantages, -jnp.inf), axis=-1)
-        rubric_reward = jnp.take_along_axis(scores, best[:, None, None], axis=2)[..., 0]
+        rubric_reward = jnp.take_along_axis(judged.scores, best[:, None, None], axis=2)[..., 0]
     else:
-        rubric_reward = mean_valid_score(scores, scoring)
+        rubric_reward = mean_valid_score(judged.scores, scoring)
     oracle = (None if setup.oracle_reward is None
               else setup.oracle_reward(responses.tokens, text_len, question))
     if use_oracle is not None and oracle is not None:
@@ -254,10 +297,9 @@ def judge_stage(setup: RoundSetup, verifier_params: nnx.State, question: Questio
             gen_advantages, group_valid & explored)
         metrics["rubric/explorer_valid_rate"] = grpo.masked_mean(
             group_valid.astype(jnp.float32), jnp.broadcast_to(explored, group_valid.shape))
-    return Judged(verdicts, scores, anchor_scores, group_valid, scoring, gen_reward, parts["disc"],
-                  parts["anchor"], rubric_reward, policy_reward, oracle, gen_advantages,
-                  item_adv, grpo.group_advantages(policy_reward, mode=cfg.policy.advantage_mode),
-                  metrics)
+    return Rewards(group_valid, scoring, gen_reward, rubric_reward, policy_reward, oracle,
+                   gen_advantages, item_adv, update_advantages,
+                   grpo.group_advantages(policy_reward, mode=cfg.policy.advantage_mode), metrics)
 
 
 class Rollout(NamedTuple):
@@ -265,34 +307,26 @@ class Rollout(NamedTuple):
 
     responses: sampling.SampleResult  # [B, K, Lr]
     text_len: jax.Array  # [B, K] response lengths without the stop token
-    gen_input: tpl.Packed  # the generator's prompts [B, Lg], left-padded
-    rubrics: sampling.SampleResult  # [B, G, Lrub]
-    parsed: grammar_lib.ParsedRubric
+    rubrics: Rubrics  # [B, G, Lrub], written after the generator's prompts [B, Lg]
     judged: Judged
+    rewards: Rewards
 
 
 def rollout(setup: RoundSetup, state: RoundState, frozen: Frozen, batch: RoundBatch,
-            rng: jax.Array, run: placement.Placement) -> Rollout:
-    """Stages 1-3: responses, rubrics, verdicts, scores and both roles' rewards."""
-    weights = {role: role_weights(state, frozen, role) for role in TRAINED}
-    responses, text_len = run(Role.POLICY, respond_stage, weights[Role.POLICY], batch.policy, rng)
-    gen_input, rubrics, parsed = run(Role.GENERATOR, write_stage, weights[Role.GENERATOR],
-                                     batch.question, responses, text_len, rng,
-                                     frozen.generator_explorer)
+            keys: Keys) -> Rollout:
+    """Stages 1-4: responses, rubrics, verdicts and scores, both roles' rewards."""
+    responses, text_len = respond(setup, role_weights(state, frozen, Role.POLICY), batch.policy,
+                                  keys.respond)
+    explorer = (None if frozen.generator_explorer is None
+                else (frozen.generator_explorer, keys.explore))
+    rubrics = write(setup, role_weights(state, frozen, Role.GENERATOR), batch.question,
+                    responses, text_len, keys.write, explorer)
+    judged = judge(setup, frozen.verifier, batch.question, batch.anchors, responses, text_len,
+                   rubrics.parsed)
     use_oracle = None if frozen.switches is None else frozen.switches.oracle_reward
-    judged = run(Role.VERIFIER, judge_stage, frozen.verifier, batch.question, batch.anchors,
-                 responses, text_len, rubrics, parsed, use_oracle)
-    return Rollout(responses, text_len, gen_input, rubrics, parsed, judged)
-
-
-def generator_update_advantages(judged: Judged, parsed: grammar_lib.ParsedRubric
-                                ) -> jax.Array:
-    """The generator's advantages: its rubrics' `[B, G]`, or with `item_credit` per token
-    `[B, G, L]`, each item token adding its item's (scaled) advantage."""
-    if judged.item_advantages is None:
-        return judged.generator_advantages
-    return credit.token_level_advantages(judged.generator_advantages, judged.item_advantages,
-                                     parsed.token_item)
+    rewards = reward(setup, batch.question, batch.anchors, responses, text_len, rubrics.samples,
+                     rubrics.parsed, judged, use_oracle)
+    return Rollout(responses, text_len, rubrics, judged, rewards)
 
 
 class Outputs(NamedTuple):
@@ -306,30 +340,29 @@ class Outputs(NamedTuple):
 
 
 def dynamic_rubric_round(setup: RoundSetup, state: RoundState, frozen: Frozen,
-                         batch: RoundBatch, rng: jax.Array,
-                         run: placement.Placement | None = None
-                         ) -> tuple[RoundState, RoundResult]:
-    """One DynamicRubric co-evolution round (pure; `programs.make_round_step` jits it).
+                         batch: RoundBatch, rng: jax.Array) -> tuple[RoundState, RoundResult]:
+    """One DynamicRubric co-evolution round (pure; `programs.make_round_step` jits it, and
+    `placement.running` sets where its stages run).
 
-    `frozen`: the verifier, and each trained role's KL reference when its beta > 0. `run`:
-    where the stages run (`placement`; default inline: one program under `jax.jit`).
+    `frozen`: the verifier, and each trained role's KL reference when its beta > 0.
     """
-    run = run or placement.colocated(setup)
-    out = rollout(setup, state, frozen, batch, rng, run)
-    # 4. The generator learns from its rubric tokens (advantages within each prompt's G
+    keys = round_keys(rng)
+    out = rollout(setup, state, frozen, batch, keys)
+    # 5. The generator learns from its rubric tokens (advantages within each prompt's G
     # rubrics), the policy from its responses, rewarded by the rubric scores.
-    new_state, update_metrics = update_roles(setup, run, state, frozen, {
+    rubrics = out.rubrics
+    new_state, update_metrics = update(setup, state, frozen, {
         Role.GENERATOR: UpdateInputs(
-            out.gen_input.tokens, out.gen_input.mask, out.rubrics,
-            generator_update_advantages(out.judged, out.parsed),
-            jnp.broadcast_to(explorer_groups(setup.config), out.rubrics.lengths.shape)
+            rubrics.prompt.tokens, rubrics.prompt.mask, rubrics.samples,
+            out.rewards.generator_update_advantages,
+            jnp.broadcast_to(explorer_groups(setup.config), rubrics.samples.lengths.shape)
             if setup.config.explorer_rubrics else None),
         Role.POLICY: UpdateInputs(batch.policy.tokens, batch.policy.mask, out.responses,
-                                  out.judged.policy_advantages),
-    }, rng)
-    outputs = Outputs(out.responses.tokens, out.text_len, out.rubrics.tokens,
-                      out.rubrics.lengths, out.judged.scores)
-    return new_state, RoundResult({**out.judged.metrics, **update_metrics}, outputs)
+                                  out.rewards.policy_advantages),
+    }, keys.update)
+    outputs = Outputs(out.responses.tokens, out.text_len, rubrics.samples.tokens,
+                      rubrics.samples.lengths, out.judged.scores)
+    return new_state, RoundResult({**out.rewards.metrics, **update_metrics}, outputs)
 
 
 # ------------------------------------------------------------------------------ evaluation
@@ -352,25 +385,26 @@ def clustered_gap_se(scores: jax.Array, better: jax.Array) -> jax.Array:
     return jnp.sqrt(jnp.sum((g - g.sum() / total * n) ** 2)) / total
 
 
-def evaluation_stage(setup: RoundSetup, anchors: Anchors, judged: Judged
+@placement.stage(Role.VERIFIER)
+def held_out_metrics(setup: RoundSetup, anchors: Anchors, judged: Judged, rewards: Rewards
                      ) -> dict[str, jax.Array]:
     """The held-out metrics of a judged rollout (see `dynamic_rubric_evaluation`)."""
     del setup
-    scores = mean_valid_score(judged.anchor_scores, judged.scoring)  # [B, n]
+    scores = mean_valid_score(judged.anchor_scores, rewards.scoring)  # [B, n]
     anchor_gap, anchor_accuracy = pair_gaps(scores, preference_pairs(anchors.ranks, anchors.mask))
     metrics = {
         "anchor_delta_gap": anchor_gap,
         "anchor_pair_accuracy": anchor_accuracy,
-        "policy_score": mean_valid_score(judged.scores, judged.scoring).mean(),
-        "rubric_valid_rate": judged.group_valid.mean(),
+        "policy_score": mean_valid_score(judged.scores, rewards.scoring).mean(),
+        "rubric_valid_rate": rewards.group_valid.mean(),
     }
-    if judged.oracle_reward is not None:
+    if rewards.oracle_reward is not None:
         # The paper's Δgap (its Eq. 2): on the current policy's own answers, pairs ordered by
         # the ground truth, scored by this round's evaluator (what the policy is rewarded by).
-        quality = judged.oracle_reward
+        quality = rewards.oracle_reward
         better = quality[:, :, None] > quality[:, None, :]
-        metrics["delta_gap"], metrics["pair_accuracy"] = pair_gaps(judged.rubric_reward, better)
-        metrics["delta_gap_se"] = clustered_gap_se(judged.rubric_reward, better)
+        metrics["delta_gap"], metrics["pair_accuracy"] = pair_gaps(rewards.rubric_reward, better)
+        metrics["delta_gap_se"] = clustered_gap_se(rewards.rubric_reward, better)
         per_question = quality.mean(-1)
         metrics["quality"] = per_question.mean()
         # Clustered by question: the K answers to one question are not independent samples.
@@ -379,17 +413,15 @@ def evaluation_stage(setup: RoundSetup, anchors: Anchors, judged: Judged
 
 
 def dynamic_rubric_evaluation(setup: RoundSetup, state: RoundState, frozen: Frozen,
-                              batch: RoundBatch, rng: jax.Array,
-                              run: placement.Placement | None = None) -> dict[str, jax.Array]:
+                              batch: RoundBatch, rng: jax.Array) -> dict[str, jax.Array]:
     """A round's rollout on a held-out batch, no update: `anchor_delta_gap` (the mean score
     difference of every better-worse pair of anchor answers under this round's rubrics, the
     signal the evaluator gives; ties make no pair) and `anchor_pair_accuracy`, the rubric
     scores of the policy's responses and, when the setup has an oracle, the policy's
     ground-truth `quality` (with its standard error over questions) and `delta_gap` (with
     `delta_gap_se`) / `pair_accuracy` on the policy's own answers ordered by that ground truth."""
-    run = run or placement.colocated(setup)
-    out = rollout(setup, state, frozen, batch, rng, run)
-    return run(Role.VERIFIER, evaluation_stage, batch.anchors, out.judged)
+    out = rollout(setup, state, frozen, batch, round_keys(rng))
+    return held_out_metrics(setup, batch.anchors, out.judged, out.rewards)
 
 
 # ------------------------------------------------------------------------------ the method
@@ -423,11 +455,11 @@ class DynamicRubric(Method):
         if config.policy_reward == "oracle" and oracle_reward is None:
             raise ValueError("policy_reward='oracle' needs an oracle_reward function")
 
-    def round(self, setup, state, frozen, batch, rng, run=None):
-        return dynamic_rubric_round(setup, state, frozen, batch, rng, run)
+    def round(self, setup, state, frozen, batch, rng):
+        return dynamic_rubric_round(setup, state, frozen, batch, rng)
 
-    def evaluate(self, setup, state, frozen, batch, rng, run=None):
-        return dynamic_rubric_evaluation(setup, state, frozen, batch, rng, run)
+    def evaluate(self, setup, state, frozen, batch, rng):
+        return dynamic_rubric_evaluation(setup, state, frozen, batch, rng)
 
     def templates(self, config, tokenizer, *, max_items, chat_template_kwargs=None,
                   style="full"):

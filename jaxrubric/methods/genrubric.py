@@ -1,18 +1,20 @@
 """GenRubric: the generator writes signed rubric groups from the query alone and self-evolves.
 
-One round (docs/design.md, §1 and §7), stage by stage as `round` runs them:
+One round (docs/design.md, §1 and §7), stage by stage as `genrubric_round` calls them (each
+on its role's devices, `jaxrubric.placement`), its random keys planned in `round_keys`:
 
 1. **write** (generator): G rubric groups per query with signed weights (negative items
    penalise observable errors), grammar-constrained and parsed on device;
 2. **induce** (policy): each group induces one response (or `induced_responses` N), the
    policy answering the query while shown that rubric;
-3. **judge** (verifier): every induced response under every group in one verifier call;
-   sequence rewards (cross-rubric comprehensiveness + group discrimination) and item rewards
-   (discriminative + non-redundant) -> token-level advantages (item tokens get item credit on
-   top of the sequence advantage); the policy is rewarded on each induced response by the
-   other valid groups' scores;
-4. **update**: GRPO on the generator's rubric tokens (token-level advantages), then on the
-   policy's induced responses.
+3. **judge** (verifier): every induced response under every group in one verifier call, and
+   its score under every group;
+4. **reward** (verifier): sequence rewards (cross-rubric comprehensiveness + group
+   discrimination) and item rewards (discriminative + non-redundant) -> token-level
+   advantages (item tokens get item credit on top of the sequence advantage); the policy is
+   rewarded on each induced response by the other valid groups' scores;
+5. **update** (`methods.update`): GRPO on the generator's rubric tokens (token-level
+   advantages), then on the policy's induced responses.
 
 A malformed group gets reward 0 and takes no part in judging; for its advantage it ranks below
 every well-formed group of its query (`rl.grpo.rank_invalid_last`).
@@ -43,18 +45,15 @@ from jaxrubric.methods.setup import RoundSetup
 from jaxrubric.methods.shapes import (Read, RoundDims, RoundShapes, Sampling, Verification,
                                       check_micro_batches, config_dims, parsed_row_bytes,
                                       question_row_bytes, sample_row_bytes, trained_updates)
-from jaxrubric.methods.steps import judge, text_lengths, write_rubrics
-from jaxrubric.methods.update import UpdateInputs, update_roles
+from jaxrubric.methods.keys import SHUFFLE_STREAM, RoundKey, update_keys
+from jaxrubric.methods.steps import Rubrics, judge_answers, text_lengths, write_rubrics
+from jaxrubric.methods.update import UpdateInputs, update
 from jaxrubric.rewards import genrubric as gr
 from jaxrubric.rl import grpo
 from jaxrubric.roles import Role
 from jaxrubric.rubric import grammar as grammar_lib
 from jaxrubric.rubric import templates as tpl
 from jaxrubric.rubric import verifier as ver
-
-PyTree = Any
-
-
 
 # ------------------------------------------------------------------------------ settings
 @dataclasses.dataclass(frozen=True)
@@ -96,16 +95,33 @@ class GenRubricConfig(RoundConfig):
             raise ValueError(f"induced_responses must be >= 1, got {self.induced_responses}")
 
 
+# ------------------------------------------------------------------------------ keys
+class Keys(NamedTuple):
+    """A round's random keys, one per stage that draws."""
+
+    write: RoundKey
+    induce: RoundKey
+    shuffle: RoundKey  # the control's (`shuffle_generator_credit`)
+    update: dict[Role, RoundKey]  # each trained role's LoRA dropout
+
+
+def round_keys(rng: jax.Array) -> Keys:
+    """The round's key plan: every key its stages draw, from the round's key."""
+    key = RoundKey(rng)
+    write_key, induce_key = key.split()
+    return Keys(write_key, induce_key, key.fold_in(SHUFFLE_STREAM), update_keys(key))
+
+
 # ------------------------------------------------------------------------------ stages
-def write_stage(setup: RoundSetup, generator_params: nnx.State, question: Question,
-                rng: jax.Array
-                ) -> tuple[tpl.Packed, sampling.SampleResult, grammar_lib.ParsedRubric]:
+@placement.stage(Role.GENERATOR)
+def write(setup: RoundSetup, generator_params: nnx.State, question: Question, key: RoundKey
+          ) -> Rubrics:
     """Stage 1 (generator): G rubric groups per query from the query alone (signed weights),
     parsed at the token level."""
     generator = nnx.merge(setup.graph(Role.GENERATOR), generator_params)
-    gen_input = tpl.assemble(setup.generator_template, [question.tokens], [question.lengths],
-                             pad_id=setup.pad_id, align="right")
-    return (gen_input, *write_rubrics(setup, generator, gen_input, jax.random.split(rng)[0]))
+    prompt = tpl.assemble(setup.generator_template, [question.tokens], [question.lengths],
+                          pad_id=setup.pad_id, align="right")
+    return write_rubrics(setup, generator, prompt, key.draw())
 
 
 class Induced(NamedTuple):
@@ -116,8 +132,9 @@ class Induced(NamedTuple):
     text_len: jax.Array  # [B, G N] without the stop token
 
 
-def induce_stage(setup: RoundSetup, policy_params: nnx.State, question: Question,
-                 rubrics: sampling.SampleResult, rng: jax.Array) -> Induced:
+@placement.stage(Role.POLICY)
+def induce(setup: RoundSetup, policy_params: nnx.State, question: Question,
+           rubrics: sampling.SampleResult, key: RoundKey) -> Induced:
     """Stage 2 (policy): rubric g induces `induced_responses` (N) responses, the policy
     answering the query while shown rubric g (its tokens without the end token); with
     `induce_common_noise` the n-th responses of a query's G groups draw the same noise."""
@@ -133,7 +150,7 @@ def induce_stage(setup: RoundSetup, policy_params: nnx.State, question: Question
                            pad_id=setup.pad_id, align="right")
     sampled = sampling.sample(
         policy, induced.tokens.reshape(rows, -1), induced.mask.reshape(rows, -1),
-        induced.lengths.reshape(rows), jax.random.split(rng)[1], num_samples=n,
+        induced.lengths.reshape(rows), key.draw(), num_samples=n,
         max_new_tokens=cfg.response_tokens, temperature=cfg.policy.temperature, top_p=cfg.top_p,
         stop_token_ids=setup.stop_token_ids, micro_batches=cfg.rollout_micro_batches,
         noise_rows=common_noise_rows(batch_size, G, n) if cfg.induce_common_noise else None)
@@ -150,7 +167,7 @@ def common_noise_rows(batch_size: int, groups: int, n: int) -> jax.Array:
 
 def policy_update_inputs(induced: Induced, advantages: jax.Array, n: int) -> UpdateInputs:
     """The policy's update on its induced responses: each group's prompt `[B G, Lind]` as one
-    row under its N responses `[B G, N, ...]` (`update.role_update_stage` encodes it once with
+    row under its N responses `[B G, N, ...]` (`update.role_update` encodes it once with
     `share_prefix` when N > 1)."""
     b, g = induced.prompt.tokens.shape[:2]
 
@@ -196,8 +213,8 @@ class GeneratorCredit(NamedTuple):
 def generator_credit(parsed: grammar_lib.ParsedRubric, verdicts: jax.Array, *,
                      soft: bool = False, advantage_mode: grpo.AdvantageMode = "group_std",
                      coefficients: Mapping[str, float] | None = None, spread: gr.Spread = "std",
-                     shuffle_key: jax.Array | None = None,
-                     responses_per_group: int = 1) -> GeneratorCredit:
+                     shuffle_key: jax.Array | None = None, responses_per_group: int = 1,
+                     scores: jax.Array | None = None) -> GeneratorCredit:
     """Rewards and token advantages of parsed rubrics `[..., G, ...]` from verdicts
     `[..., G_resp N, G_rub, M]` (hard 0/1, or p_yes with `soft`) of the N =
     `responses_per_group` responses each group induced; `coefficients` of `genrubric_rewards`
@@ -212,6 +229,8 @@ def generator_credit(parsed: grammar_lib.ParsedRubric, verdicts: jax.Array, *,
     sequence rewards are permuted among its well-formed groups and its item rewards among its
     valid items before they become advantages, so the update keeps its size and spread but no
     longer says which rubric earned what. The returned rewards are the shuffled ones.
+
+    `scores`: the verdicts' group scores (`gr.group_scores`) when the judge has them.
     """
     n = responses_per_group
     item_valid = parsed.valid & parsed.complete[..., None]
@@ -230,7 +249,8 @@ def generator_credit(parsed: grammar_lib.ParsedRubric, verdicts: jax.Array, *,
     advantages = gr.genrubric_token_advantages(
         sequence, item, item_mask, parsed.token_item, group_valid=group_valid,
         mode=advantage_mode)
-    scores = gr.group_scores(verdicts, parsed.weights, item_valid)
+    if scores is None:
+        scores = gr.group_scores(verdicts, parsed.weights, item_valid)
     return GeneratorCredit(item_valid, group_valid, scores, sequence, item, advantages)
 
 
@@ -276,7 +296,27 @@ def masked_std(x: jax.Array, valid: jax.Array) -> jax.Array:
 
 
 class Judged(NamedTuple):
-    """What the verifier stage computes."""
+    """What the judge stage computes: verdicts and the scores they give."""
+
+    verdicts: jax.Array  # [B, G_resp N, G_rub, M] (p_yes with soft_verdicts)
+    item_valid: jax.Array  # [B, G, M] parsed items of complete rubrics
+    scores: jax.Array  # [B, G_resp N, G_rub] S_{g_rub}(r), 0 under malformed groups
+
+
+@placement.stage(Role.VERIFIER)
+def judge(setup: RoundSetup, verifier_params: nnx.State, question: Question,
+          parsed: grammar_lib.ParsedRubric, induced: Induced) -> Judged:
+    """Stage 3 (verifier): every induced response under every group in one verifier call
+    `[B, G_resp N, G_rub, M]`, and its score under every group."""
+    verifier = nnx.merge(setup.graph(Role.VERIFIER), verifier_params)
+    item_valid = parsed.valid & parsed.complete[..., None]
+    verdicts = judge_answers(setup, verifier, question, induced.responses.tokens,
+                             induced.text_len, parsed, item_valid)
+    return Judged(verdicts, item_valid, gr.group_scores(verdicts, parsed.weights, item_valid))
+
+
+class Rewards(NamedTuple):
+    """What the reward stage computes."""
 
     credit: GeneratorCredit
     policy_reward: jax.Array  # [B, G N] of the induced responses
@@ -284,27 +324,21 @@ class Judged(NamedTuple):
     metrics: dict[str, jax.Array]  # the rollout's scalar summaries
 
 
-def judge_stage(setup: RoundSetup, verifier_params: nnx.State, question: Question,
-                rubrics: sampling.SampleResult, parsed: grammar_lib.ParsedRubric,
-                induced: Induced, rng: jax.Array) -> Judged:
-    """Stage 3 (verifier): every induced response under every group in one verifier call
-    `[B, G_resp N, G_rub, M]`; rewards and token-level credit for the generator, cross-rubric
-    rewards and advantages (over a query's G N responses) for the policy (`rng`: the
+@placement.stage(Role.VERIFIER)
+def reward(setup: RoundSetup, rubrics: sampling.SampleResult, parsed: grammar_lib.ParsedRubric,
+           induced: Induced, judged: Judged, shuffle_key: RoundKey) -> Rewards:
+    """Stage 4 (verifier): rewards and token-level credit for the generator, cross-rubric
+    rewards and advantages (over a query's G N responses) for the policy (`shuffle_key`: the
     control's shuffle only)."""
     cfg = setup.config
-    verifier = nnx.merge(setup.graph(Role.VERIFIER), verifier_params)
-    responses = induced.responses
-    item_valid = parsed.valid & parsed.complete[..., None]
-    verdicts = judge(setup, verifier, question, responses.tokens, induced.text_len, parsed,
-                     item_valid)
-
+    responses, verdicts, item_valid = induced.responses, judged.verdicts, judged.item_valid
     credit = generator_credit(parsed, verdicts, soft=cfg.soft_verdicts,
                               advantage_mode=cfg.generator.advantage_mode,
                               coefficients=reward_coefficients(cfg),
                               spread=cfg.discrimination_spread,
-                              shuffle_key=(jax.random.fold_in(rng, 3)
+                              shuffle_key=(shuffle_key.draw()
                                            if cfg.shuffle_generator_credit else None),
-                              responses_per_group=cfg.induced_responses)
+                              responses_per_group=cfg.induced_responses, scores=judged.scores)
     group_valid = credit.group_valid
     item_mask = item_valid & group_valid[..., None]
     policy_reward, policy_valid, advantages = policy_credit(credit.scores, group_valid, cfg)
@@ -337,7 +371,7 @@ def judge_stage(setup: RoundSetup, verifier_params: nnx.State, question: Questio
         "policy/truncated": 1.0 - responses.finished.mean(),
         "verifier/yes_rate": grpo.masked_mean(verdicts, item_valid[:, None]),
     }
-    return Judged(credit, policy_reward, advantages, metrics)
+    return Rewards(credit, policy_reward, advantages, metrics)
 
 
 class Outputs(NamedTuple):
@@ -356,60 +390,60 @@ class Outputs(NamedTuple):
 
 
 def genrubric_round(setup: RoundSetup, state: RoundState, frozen: Frozen, batch: RoundBatch,
-                    rng: jax.Array, run: placement.Placement | None = None
-                    ) -> tuple[RoundState, RoundResult]:
-    """One GenRubric co-evolution round (pure; `programs.make_round_step` jits it). Reads the
-    batch's question only (the policy answers under the induced-response prompt).
+                    rng: jax.Array) -> tuple[RoundState, RoundResult]:
+    """One GenRubric co-evolution round (pure; `programs.make_round_step` jits it, and
+    `placement.running` sets where its stages run). Reads the batch's question only (the
+    policy answers under the induced-response prompt).
 
-    `frozen`: the verifier, and each trained role's KL reference when its beta > 0. `run`:
-    where the stages run (`placement`; default inline: one program under `jax.jit`).
+    `frozen`: the verifier, and each trained role's KL reference when its beta > 0.
     """
-    run = run or placement.colocated(setup)
+    keys = round_keys(rng)
     question = batch.question
-    gen_input, rubrics, parsed = run(Role.GENERATOR, write_stage,
-                                     role_weights(state, frozen, Role.GENERATOR), question,
-                                     rng)
-    induced = run(Role.POLICY, induce_stage, role_weights(state, frozen, Role.POLICY),
-                  question, rubrics, rng)
-    judged = run(Role.VERIFIER, judge_stage, frozen.verifier, question, rubrics, parsed, induced,
-                 rng)
-    # 4. The generator learns from its rubric tokens with token-level advantages; the policy
+    rubrics = write(setup, role_weights(state, frozen, Role.GENERATOR), question, keys.write)
+    induced = induce(setup, role_weights(state, frozen, Role.POLICY), question, rubrics.samples,
+                     keys.induce)
+    judged = judge(setup, frozen.verifier, question, rubrics.parsed, induced)
+    rewards = reward(setup, rubrics.samples, rubrics.parsed, induced, judged, keys.shuffle)
+    # 5. The generator learns from its rubric tokens with token-level advantages; the policy
     # from the induced responses, advantages over the G responses of a query.
-    new_state, update_metrics = update_roles(setup, run, state, frozen, {
-        Role.GENERATOR: UpdateInputs(gen_input.tokens, gen_input.mask, rubrics,
-                                     judged.credit.token_advantages),
-        Role.POLICY: policy_update_inputs(induced, judged.policy_advantages,
+    credit = rewards.credit
+    new_state, update_metrics = update(setup, state, frozen, {
+        Role.GENERATOR: UpdateInputs(rubrics.prompt.tokens, rubrics.prompt.mask,
+                                     rubrics.samples, credit.token_advantages),
+        Role.POLICY: policy_update_inputs(induced, rewards.policy_advantages,
                                           setup.config.induced_responses),
-    }, rng)
-    credit = judged.credit
-    outputs = Outputs(induced.responses.tokens, induced.text_len, rubrics.tokens,
-                      rubrics.lengths, parsed.weights, credit.item_valid, credit.group_valid,
-                      credit.scores, credit.sequence_reward, judged.policy_reward)
-    return new_state, RoundResult({**judged.metrics, **update_metrics}, outputs)
+    }, keys.update)
+    outputs = Outputs(induced.responses.tokens, induced.text_len, rubrics.samples.tokens,
+                      rubrics.samples.lengths, rubrics.parsed.weights, credit.item_valid,
+                      credit.group_valid, credit.scores, credit.sequence_reward,
+                      rewards.policy_reward)
+    return new_state, RoundResult({**rewards.metrics, **update_metrics}, outputs)
 
 
 # ------------------------------------------------------------------------------ evaluation
-def evaluation_write_stage(setup: RoundSetup, generator_params: nnx.State, batch: ExpertBatch,
-                           rng: jax.Array) -> grammar_lib.ParsedRubric:
+@placement.stage(Role.GENERATOR)
+def held_out_write(setup: RoundSetup, generator_params: nnx.State, batch: ExpertBatch,
+                   key: RoundKey) -> grammar_lib.ParsedRubric:
     """The held-out queries' rubrics, parsed `[B, R + 1, ...]`: `batch.runs` = R sampled at
     the generator's temperature (the paper's runs), then the greedy one (what a deployed
     generator writes)."""
     question = Question(batch.question, batch.question_lengths)
 
-    def write(num_rubrics: int, temperature: float) -> grammar_lib.ParsedRubric:
+    def rubrics(num_rubrics: int, temperature: float) -> grammar_lib.ParsedRubric:
         config = dataclasses.replace(setup.config, num_rubrics=num_rubrics, generator=(
             dataclasses.replace(setup.config.generator, temperature=temperature)))
-        return write_stage(dataclasses.replace(setup, config=config), generator_params,
-                           question, rng)[2]
+        return write(dataclasses.replace(setup, config=config), generator_params, question,
+                     key).parsed
 
-    sampled, greedy = write(batch.runs, setup.config.generator.temperature), write(1, 0.0)
+    sampled, greedy = rubrics(batch.runs, setup.config.generator.temperature), rubrics(1, 0.0)
     return jax.tree.map(lambda s, g: jnp.concatenate([s, g], axis=1), sampled, greedy)
 
 
-def evaluation_judge_stage(setup: RoundSetup, verifier_params: nnx.State, batch: ExpertBatch,
-                           parsed: grammar_lib.ParsedRubric) -> dict[str, jax.Array]:
+@placement.stage(Role.VERIFIER)
+def held_out_judge(setup: RoundSetup, verifier_params: nnx.State, batch: ExpertBatch,
+                   parsed: grammar_lib.ParsedRubric) -> dict[str, jax.Array]:
     """Every held-out completion under the written rubrics and the expert rubric (the last
-    group) in one verifier call, judged as the round judges (`steps.judge`: 0/1 verdicts, the
+    group) in one verifier call, judged as the round judges (`steps.judge_answers`: 0/1 verdicts, the
     paper's and HealthBench's, or p_yes with `soft_verdicts`). Returns `scores [B, N, R + 2]`
     and `group_valid [B, R + 2]` (`jaxrubric.eval.expert_agreement` reads them on the host).
 
@@ -445,18 +479,16 @@ def evaluation_judge_stage(setup: RoundSetup, verifier_params: nnx.State, batch:
 
 
 def genrubric_evaluation(setup: RoundSetup, state: RoundState, frozen: Frozen,
-                         batch: ExpertBatch, rng: jax.Array,
-                         run: placement.Placement | None = None) -> dict[str, jax.Array]:
+                         batch: ExpertBatch, rng: jax.Array) -> dict[str, jax.Array]:
     """The held-out evaluation's device part, no update (jitted whole, or a stage per role's
     mesh): rubrics written from each held-out query alone, then every completion judged. The
     agreement metrics are the host's (`ExpertRows.scalars`): rank statistics over a few
     hundred numbers are not worth sorts and masks in XLA. Beside the scores, the R + 1 written
     rubrics per query, parsed (`rubric_items [B, R + 1, M, Li]`, `rubric_item_lengths`,
     `rubric_weights`, `rubric_valid` `[B, R + 1, M]`)."""
-    run = run or placement.colocated(setup)
-    parsed = run(Role.GENERATOR, evaluation_write_stage,
-                 role_weights(state, frozen, Role.GENERATOR), batch, rng)
-    judged = run(Role.VERIFIER, evaluation_judge_stage, frozen.verifier, batch, parsed)
+    parsed = held_out_write(setup, role_weights(state, frozen, Role.GENERATOR), batch,
+                            round_keys(rng).write)
+    judged = held_out_judge(setup, frozen.verifier, batch, parsed)
     # The written rubrics leave the device too (a few KiB): `eval_scores.jsonl` shows what was
     # judged, and a world with a checker can judge them again without the verifier's errors.
     return {**judged, "rubric_items": parsed.items, "rubric_item_lengths": parsed.item_lengths,
@@ -480,7 +512,7 @@ class GenRubric(Method):
     def check_config(self, config: Any) -> None:
         rc = self.round_config.from_tree(config.round.to_dict())
         # A training round's check, not the type's: evaluation writes one greedy rubric with
-        # this config (`evaluation_write_stage`).
+        # this config (`held_out_write`).
         if rc.num_rubrics < 2:
             raise ValueError("config.round.num_rubrics must be >= 2 for GenRubric (each group's "
                              "induced response is judged by the other groups), got "
@@ -499,11 +531,11 @@ class GenRubric(Method):
         if oracle_reward is not None:
             raise ValueError("GenRubric rewards the policy by rubric scores: give no oracle")
 
-    def round(self, setup, state, frozen, batch, rng, run=None):
-        return genrubric_round(setup, state, frozen, batch, rng, run)
+    def round(self, setup, state, frozen, batch, rng):
+        return genrubric_round(setup, state, frozen, batch, rng)
 
-    def evaluate(self, setup, state, frozen, batch, rng, run=None):
-        return genrubric_evaluation(setup, state, frozen, batch, rng, run)
+    def evaluate(self, setup, state, frozen, batch, rng):
+        return genrubric_evaluation(setup, state, frozen, batch, rng)
 
     def templates(self, config, tokenizer, *, max_items, chat_template_kwargs=None,
                   style="full"):

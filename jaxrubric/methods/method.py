@@ -10,7 +10,6 @@ from typing import Any, ClassVar
 
 import jax
 
-from jaxrubric import placement
 from jaxrubric.methods.data import Frozen, RoundBatch, RoundResult, RoundState
 from jaxrubric.methods.round_config import RoundConfig
 from jaxrubric.methods.setup import Models, Optimizers, RoundSetup, setup_fields
@@ -71,13 +70,12 @@ class Method(abc.ABC):
 
     @abc.abstractmethod
     def round(self, setup: RoundSetup, state: RoundState, frozen: Frozen, batch: RoundBatch,
-              rng: jax.Array, run: placement.Placement | None = None
-              ) -> tuple[RoundState, RoundResult]:
-        """One round (pure; `make_round_step` jits it)."""
+              rng: jax.Array) -> tuple[RoundState, RoundResult]:
+        """One round (pure; `make_round_step` jits it; its stages run where
+        `placement.running` places them)."""
 
     def evaluate(self, setup: RoundSetup, state: RoundState, frozen: Frozen,
-                 batch: RoundBatch, rng: jax.Array, run: placement.Placement | None = None
-                 ) -> dict[str, jax.Array]:
+                 batch: RoundBatch, rng: jax.Array) -> dict[str, jax.Array]:
         """Held-out metrics of the current models, no update."""
         raise NotImplementedError(f"{self.name} has no held-out evaluation")
 

@@ -58,12 +58,14 @@ def make_submesh_round_step(setup: RoundSetup, frozen: Frozen, run: placement.Su
                             round_fn: RoundFn
                             ) -> Callable[[RoundState, RoundBatch, jax.Array],
                                           tuple[RoundState, RoundResult]]:
-    """The round with each role on its own sub-mesh: one program per stage (`run`), each
-    role's state donated to its update and kept on its mesh. Same signature and results as
-    `make_round_step`; its metrics live on the meshes that computed them."""
+    """The round with each role on its own sub-mesh: one program per stage (the round's
+    stages placed by `run`), each role's state donated to its update and kept on its mesh.
+    Same signature and results as `make_round_step`; its metrics live on the meshes that
+    computed them."""
+    placed = placement.within(run, round_fn)
 
     def round_step(state, batch, rng):
-        return round_fn(setup, state, frozen, batch, rng, run)
+        return placed(setup, state, frozen, batch, rng)
 
     round_step.placement = run  # exposes the stages' compilation caches to tests
     return round_step

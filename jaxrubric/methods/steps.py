@@ -1,7 +1,9 @@
-"""The steps both methods' stages are made of: the generator writing rubrics (and the explorer
+"""The steps both methods' stages are made of: the generator writing rubrics (and an explorer
 writing its share), and the verifier judging answers under them."""
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -15,33 +17,35 @@ from jaxrubric.rubric import templates as tpl
 from jaxrubric.rubric import verifier as ver
 
 
-def write_rubrics(setup: RoundSetup, generator: Decoder, gen_input: tpl.Packed,
-                  rng: jax.Array, explorer: Decoder | None = None, explored: int = 0
-                  ) -> tuple[sampling.SampleResult, grammar_lib.ParsedRubric]:
+class Rubrics(NamedTuple):
+    """What a write stage returns: the rubrics, the prompts they were written after, parsed."""
+
+    prompt: tpl.Packed  # the generator's prompts [B, Lg], left-padded
+    samples: sampling.SampleResult  # [B, G, Lrub]
+    parsed: grammar_lib.ParsedRubric
+
+
+def write_rubrics(setup: RoundSetup, generator: Decoder, prompt: tpl.Packed, key: jax.Array,
+                  explorer: tuple[Decoder, int, jax.Array] | None = None) -> Rubrics:
     """The generator samples G grammar-constrained rubrics per (left-padded) prompt, parsed;
-    with `explored` m > 0 (DynamicRubric's `explorer_rubrics`) it samples G - m and `explorer`
-    the last m."""
+    with an `explorer` `(model, m, key)` (DynamicRubric's `explorer_rubrics`) it samples G - m
+    and the explorer the last m."""
     cfg = setup.config
 
     def write(model: Decoder, count: int, key: jax.Array) -> sampling.SampleResult:
         return sampling.sample(
-            model, gen_input.tokens, gen_input.mask, gen_input.lengths, key,
+            model, prompt.tokens, prompt.mask, prompt.lengths, key,
             num_samples=count, max_new_tokens=setup.grammar.max_rubric_tokens,
             temperature=cfg.generator.temperature, grammar=setup.grammar,
             micro_batches=cfg.rollout_micro_batches)
 
-    rubrics = write(generator, cfg.num_rubrics - explored, rng)
-    if explored:
-        if explorer is None:
-            raise ValueError("round.explorer_rubrics > 0 needs the explorer's weights "
-                             "(Frozen.generator_explorer)")
-        extra = write(explorer, explored, jax.random.fold_in(rng, _EXPLORER_STREAM))
+    explored = 0 if explorer is None else explorer[1]
+    rubrics = write(generator, cfg.num_rubrics - explored, key)
+    if explorer is not None:
+        extra = write(*explorer)
         rubrics = jax.tree.map(lambda a, b: jnp.concatenate([a, b], axis=1), rubrics, extra)
-    return rubrics, grammar_lib.parse_rubric_tokens(rubrics.tokens, setup.grammar, setup.pad_id)
-
-
-# The explorer's sampling stream, apart from the generator's.
-_EXPLORER_STREAM = 0xE4B1
+    return Rubrics(prompt, rubrics,
+                   grammar_lib.parse_rubric_tokens(rubrics.tokens, setup.grammar, setup.pad_id))
 
 
 def text_lengths(samples: sampling.SampleResult) -> jax.Array:
@@ -49,9 +53,9 @@ def text_lengths(samples: sampling.SampleResult) -> jax.Array:
     return samples.lengths - samples.finished.astype(jnp.int32)
 
 
-def judge(setup: RoundSetup, verifier: Decoder, question: Question, answers: jax.Array,
-          answer_len: jax.Array, parsed: grammar_lib.ParsedRubric, item_valid: jax.Array
-          ) -> jax.Array:
+def judge_answers(setup: RoundSetup, verifier: Decoder, question: Question, answers: jax.Array,
+                  answer_len: jax.Array, parsed: grammar_lib.ParsedRubric, item_valid: jax.Array
+                  ) -> jax.Array:
     """Verdicts `[B, N, G, M]` of answers `[B, N, L]` under every valid item: one tree forward
     per (question, answer); 0/1, or p_yes with `soft_verdicts`."""
     prefix = ver.verifier_prefix(setup.verifier_template, question.tokens, question.lengths,
@@ -60,4 +64,3 @@ def judge(setup: RoundSetup, verifier: Decoder, question: Question, answers: jax
                      parsed.item_lengths, item_valid, pad_id=setup.pad_id,
                      micro_batches=setup.config.rollout_micro_batches)
     return out.p_yes if setup.config.soft_verdicts else out.verdicts.astype(jnp.float32)
-

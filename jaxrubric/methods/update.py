@@ -1,7 +1,7 @@
 """The round's GRPO role updates, shared by both methods: teacher-forced log-probs of sampled
 completions (a prompt under S samples encoded once when `RoundConfig.share_prefix`), one
-role's update (`role_update_stage`, a stage a sub-mesh placement compiles on its own) and the
-round's updates of the roles a run trains (`update_roles`, runtime switches as `lax.cond`).
+role's update (`role_update`, a stage on that role's devices) and the round's updates of the
+roles a run trains (`update`, what a round calls).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from flax import nnx
 
 from jaxrubric import microbatch, placement, sampling
 from jaxrubric.methods.data import Frozen, RoleState, RoundState
+from jaxrubric.methods.keys import RoundKey
 from jaxrubric.methods.round_config import RoundConfig
 from jaxrubric.methods.setup import RoleSpec, RoundSetup
 from jaxrubric.models.transformer import Decoder
@@ -177,21 +178,12 @@ def grpo_role_update(cfg: RoundConfig, spec: RoleSpec, state: RoleState,
     return RoleState(params, opt_state), {**last, "skipped_updates": skipped}
 
 
-def role_update_stage(role: Role, setup: RoundSetup, state: RoleState, base: nnx.State | None,
-                      ref_params: nnx.State | None, prompt: jax.Array, prompt_mask: jax.Array,
-                      samples: sampling.SampleResult, advantages: jax.Array, rng: jax.Array,
-                      off_policy: jax.Array | None = None
-                      ) -> tuple[RoleState, dict[str, jax.Array]]:
-    """GRPO update of `role` on its samples `[B, S, L]`.
-
-    `prompt`/`prompt_mask` are `[B, P]` (one prompt under all S samples, encoded once when
-    `share_prefix` and S > 1, as `Update.shared` counts it) or `[B, S, P]` (a prompt per
-    sample); `advantages` are `[B, S]` or token-level `[B, S, L]`; `base` as in
-    `grpo_role_update`; `rng` the round's (this role's dropout stream is drawn from it);
-    `off_policy` `[B, S]`: samples another model wrote (`grpo_role_update`).
-    Returns the role's new state and its metrics, prefixed by the role.
-    """
-    rng = jax.random.fold_in(jax.random.fold_in(rng, _UPDATE_STREAM), TRAINED.index(role))
+def _role_update(role: Role, setup: RoundSetup, state: RoleState, base: nnx.State | None,
+                 ref_params: nnx.State | None, prompt: jax.Array, prompt_mask: jax.Array,
+                 samples: sampling.SampleResult, advantages: jax.Array, key: RoundKey,
+                 off_policy: jax.Array | None = None
+                 ) -> tuple[RoleState, dict[str, jax.Array]]:
+    """`role_update` without the switch."""
     b, s = samples.tokens.shape[:2]
     completion_mask = jnp.arange(samples.tokens.shape[2]) < samples.lengths[..., None]
     if prompt.ndim == 2 and setup.config.share_prefix and s > 1:  # encoded once for S samples
@@ -206,19 +198,39 @@ def role_update_stage(role: Role, setup: RoundSetup, state: RoleState, base: nnx
     state, metrics = grpo_role_update(
         setup.config, setup.roles[role], state, base, ref_params, prompt, prompt_mask,
         rows_of(samples.tokens), rows_of(completion_mask), rows_of(samples.logprobs),
-        rows_of(advantages), rng, None if off_policy is None else rows_of(off_policy))
+        rows_of(advantages), key.draw(), None if off_policy is None else rows_of(off_policy))
     return state, {f"{role}/{k}": v for k, v in metrics.items()}
 
 
-# The updates' random stream, apart from the ones the round's sampling stages draw from `rng`.
-_UPDATE_STREAM = 0x5EED
+@placement.stage(keep=1)
+def role_update(role: Role, setup: RoundSetup, state: RoleState, base: nnx.State | None,
+                ref_params: nnx.State | None, prompt: jax.Array, prompt_mask: jax.Array,
+                samples: sampling.SampleResult, advantages: jax.Array, key: RoundKey,
+                off_policy: jax.Array | None = None, trains: jax.Array | None = None
+                ) -> tuple[RoleState, dict[str, jax.Array]]:
+    """GRPO update of `role` on its samples `[B, S, L]`, on its devices.
 
-# Stable stage objects: a sub-mesh placement compiles one program per stage object.
-UPDATE_STAGES = {role: functools.partial(role_update_stage, role) for role in TRAINED}
+    `prompt`/`prompt_mask` are `[B, P]` (one prompt under all S samples, encoded once when
+    `share_prefix` and S > 1, as `Update.shared` counts it) or `[B, S, P]` (a prompt per
+    sample); `advantages` are `[B, S]` or token-level `[B, S, L]`; `base` as in
+    `grpo_role_update`; `key` this role's LoRA dropout (the round's key plan); `off_policy`
+    `[B, S]`: samples another model wrote (`grpo_role_update`). `trains`: the run's switch
+    (`RunSwitches`), the update under `lax.cond` (the program holds it either way; a skipped
+    one keeps the role and reports zeros). Returns the role's new state and its metrics,
+    prefixed by the role.
+    """
+    args = (state, base, ref_params, prompt, prompt_mask, samples, advantages, key, off_policy)
+    run = functools.partial(_role_update, role, setup)
+    if trains is None:
+        return run(*args)
+    metrics = jax.eval_shape(run, *args)[1]
+    skip = lambda *a: (a[0], jax.tree.map(  # noqa: E731
+        lambda x: jnp.zeros(x.shape, x.dtype), metrics))
+    return jax.lax.cond(trains, run, skip, *args)
 
 
 class UpdateInputs(NamedTuple):
-    """What a role's update learns from (see `role_update_stage`)."""
+    """What a role's update learns from (see `role_update`)."""
 
     prompt: jax.Array  # [B, P] or [B, S, P], left-padded
     prompt_mask: jax.Array
@@ -227,29 +239,22 @@ class UpdateInputs(NamedTuple):
     off_policy: jax.Array | None = None  # [B, S]: samples another model wrote
 
 
-def update_roles(setup: RoundSetup, run: placement.Placement, state: RoundState,
-                 frozen: Frozen, inputs: Mapping[Role, UpdateInputs], rng: jax.Array
-                 ) -> tuple[RoundState, dict[str, jax.Array]]:
-    """The round's GRPO updates of the roles this run trains, generator first. Returns the new
-    state (round counter advanced) and the updates' metrics. `rng`: the LoRA dropout's.
-    With `frozen.switches` a role's update runs only where its switch says so (`lax.cond`:
-    the program holds it either way); a skipped one keeps the role and reports zeros."""
+def update(setup: RoundSetup, state: RoundState, frozen: Frozen,
+           inputs: Mapping[Role, UpdateInputs], keys: Mapping[Role, RoundKey]
+           ) -> tuple[RoundState, dict[str, jax.Array]]:
+    """The round's GRPO updates of the roles this run trains, generator first, each on its
+    role's devices (`role_update`); `keys`: each role's LoRA dropout. Returns the new state
+    (round counter advanced) and the updates' metrics. With `frozen.switches` a role's update
+    runs only where its switch says so."""
     new = {role: state.role(role) for role in TRAINED}
     metrics: dict[str, jax.Array] = {}
     for role in TRAINED:
         if setup.roles[role].compiled_out:
             continue
         x = inputs[role]
-        args = (state.role(role), frozen.base(role), frozen.reference(role), x.prompt,
-                x.prompt_mask, x.samples, x.advantages, rng, x.off_policy)
-        if frozen.switches is None:
-            new[role], role_metrics = run(role, UPDATE_STAGES[role], *args, keep=1)
-        else:
-            update = functools.partial(UPDATE_STAGES[role], setup)
-            shapes = jax.eval_shape(update, *args)
-            skip = lambda *a: (a[0], jax.tree.map(  # noqa: E731
-                lambda x: jnp.zeros(x.shape, x.dtype), shapes[1]))
-            new[role], role_metrics = jax.lax.cond(frozen.switches.trains(role), update, skip,
-                                                   *args)
+        new[role], role_metrics = role_update(
+            role, setup, state.role(role), frozen.base(role), frozen.reference(role), x.prompt,
+            x.prompt_mask, x.samples, x.advantages, keys[role], x.off_policy,
+            None if frozen.switches is None else frozen.switches.trains(role))
         metrics.update(role_metrics)
     return RoundState(new[Role.POLICY], new[Role.GENERATOR], state.round + 1), metrics

@@ -74,14 +74,12 @@ class ScopedStages:
     (`meshes.stage_key`): the same program, its ops named by stage in the compiled HLO (for
     `plan.hlo_cost`), and a stage that fails to lower is reported by name."""
 
-    def __init__(self, setup: Any):
-        self.setup = setup
-
-    def __call__(self, role: Role, stage: Callable[..., Any], *args: Any, keep: int = 0) -> Any:
+    def __call__(self, role: Role, stage: Callable[..., Any], setup: Any, *args: Any,
+                 keep: int = 0) -> Any:
         key = stage_key(role, keep)
         try:
             with jax.named_scope(key):
-                return stage(self.setup, *args)
+                return stage(setup, *args)
         except StageFailed:
             raise
         except Exception as err:
@@ -182,7 +180,7 @@ def compiled_memory(config: ml_collections.ConfigDict,
     method = built.method
     jitted = round_program(
         built.setup,
-        lambda setup, *args: method.round(setup, *args, ScopedStages(setup)),
+        placement.within(ScopedStages(), method.round),
         jax.tree.map(lambda x: x.sharding, built.state))
     try:
         lowered = jitted.lower(built.state, built.frozen, built.batch, built.rng)
@@ -253,21 +251,26 @@ class StageCompiler:
     each program's memory analysis, FLOPs and bytes (`hlo_cost`), compile time and the bytes
     per device it receives from other meshes."""
 
-    def __init__(self, setup: Any, meshes: Mapping[Role, Mesh], memory_limit: int | None = None):
-        self.setup = setup
+    def __init__(self, meshes: Mapping[Role, Mesh], memory_limit: int | None = None):
         self.meshes = dict(meshes)
         self.memory_limit = memory_limit
         self.stages: list[dict[str, Any]] = []
+        self._moved: dict[str, dict[int, tuple[Any, Any]]] = {}  # per plan stage, by source
 
-    def __call__(self, role: Role, stage: Callable[..., Any], *args: Any, keep: int = 0) -> Any:
+    def __call__(self, role: Role, stage: Callable[..., Any], setup: Any, *args: Any,
+                 keep: int = 0) -> Any:
         mesh, key = self.meshes[role], stage_key(role, keep)
         placed = jax.tree.map(lambda x: _on_mesh(x, mesh), args)
-        moved = sum(_device_bytes(new) for old, new in zip(jax.tree.leaves(args),
-                                                            jax.tree.leaves(placed))
-                    if new is not old)
+        # Each input counted once per plan stage, as `placement.SubMeshes` moves it once.
+        earlier = self._moved.setdefault(key, {})
+        fresh = {id(old): (old, new) for old, new in zip(jax.tree.leaves(args),
+                                                         jax.tree.leaves(placed))
+                 if new is not old and id(old) not in earlier}
+        earlier.update(fresh)
+        moved = sum(_device_bytes(new) for _, new in fresh.values())
         start = time.perf_counter()
         what = f"stage {key!r} (role {role})"
-        compiled, oom = _compile(placement.stage_program(self.setup, stage, mesh, placed, keep)
+        compiled, oom = _compile(placement.stage_program(setup, stage, mesh, placed, keep)
                                  .lower(*placed), what, self.memory_limit)
         if oom is not None:
             raise StageFailed(f"{what} does not fit: the TPU compiler needs {oom.temp / GIB:.2f} "
@@ -281,6 +284,21 @@ class StageCompiler:
                             "cost": hlo_cost.total(cost),
                             "unknown_loops": cost["unknown_loops"].flops})
         return _abstract(compiled.out_info)
+
+
+def _per_stage(programs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The programs of each plan stage (`meshes.stage_key`) as one: the verifier's judge and
+    reward are two programs. The memory analysis of the one with the most temporaries; the
+    inputs moved, compile time and cost summed."""
+    stages: dict[str, dict[str, Any]] = {}
+    for program in programs:
+        first = stages.get(program["stage"])
+        if first is not None:
+            program = {**max(first, program, key=lambda p: p["temp"]),
+                       **{k: first[k] + program[k]
+                          for k in ("moved", "seconds", "cost", "unknown_loops")}}
+        stages[program["stage"]] = program
+    return stages
 
 
 def compiled_stage_memory(config: ml_collections.ConfigDict,
@@ -298,11 +316,12 @@ def compiled_stage_memory(config: ml_collections.ConfigDict,
         local_devices_for(config)
     start = time.perf_counter()
     built = abstract_round(config, jax.devices() if devices is None else devices)
-    compiler = StageCompiler(built.setup, built.meshes, memory_limit)
+    compiler = StageCompiler(built.meshes, memory_limit)
     # The round adds one to its counter between the stages, outside every program: a host
     # number stands in for it.
-    built.method.round(built.setup, built.state._replace(round=np.int32(0)), built.frozen,
-                       built.batch, built.rng, compiler)
+    placement.within(compiler, built.method.round)(
+        built.setup, built.state._replace(round=np.int32(0)), built.frozen, built.batch,
+        built.rng)
     groups: dict[int, list[Role]] = {}
     for role, mesh in built.meshes.items():
         groups.setdefault(id(mesh), []).append(role)
@@ -313,7 +332,7 @@ def compiled_stage_memory(config: ml_collections.ConfigDict,
                 if x.sharding.device_set == devices_of]
         meshes[mesh_name(roles)] = {
             "state": sum(_device_bytes(x) for x in held),
-            "stages": {s["stage"]: s for s in compiler.stages if s["role"] in roles}}
+            "stages": _per_stage([s for s in compiler.stages if s["role"] in roles])}
     return {"meshes": meshes, "seconds": time.perf_counter() - start,
             "note": built.tokenizer_note, "model_flops": _model_flops(built)}
 
