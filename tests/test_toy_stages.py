@@ -35,6 +35,7 @@ def _chain(tmp_path: Path) -> list[Stage]:
             Stage("d", Path.write_text, (d, "d"))]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("jobs", [1, 3])
 def test_every_stage_runs_once_after_what_it_reads(tmp_path, jobs):
     """`c` copies what `b` copied from `a`: it fails unless each ran after its dependency."""
