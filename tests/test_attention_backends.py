@@ -86,6 +86,7 @@ def _wrappers(mask: CausalPadding):
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["splash", "cudnn"])
 @pytest.mark.parametrize("case", ["gqa", "mha", "segments"])
 def test_causal_backends_equal_the_einsum_form(backend, case):

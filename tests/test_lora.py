@@ -56,6 +56,7 @@ def test_fresh_adapters_are_the_identity_and_merge_exactly():
     np.testing.assert_allclose(logits, adapted, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_dropout_draws_each_rows_own_mask():
     model = init_model(tiny_config(lora=LoraConfig(rank=4, dropout=0.5)), seed=0)
     _randomise_b(model)

@@ -158,6 +158,7 @@ def test_kv_cache_decoding_equals_full_forward(scan):
     assert np.abs(np.concatenate(steps, axis=1) - full).max() <= 1e-5
 
 
+@pytest.mark.slow
 def test_tree_mask_branches_equal_separate_runs():
     cfg = jaxrubric.tiny_config("llama")
     model = jaxrubric.init_model(cfg, seed=2)

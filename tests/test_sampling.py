@@ -83,6 +83,7 @@ def test_the_model_distribution_path_equals_the_filtered_path(pair):
                                    np.asarray(getattr(general, field)), atol=1e-6)
 
 
+@pytest.mark.slow
 def test_top_k_one_is_greedy(pair):
     _, model = pair
     greedy = sampling.generate(model, PROMPTS, max_new_tokens=6, temperature=0.0,

@@ -71,6 +71,7 @@ def _plain_logits(model, prefix, prefix_lengths, items, item_lengths, suffix):
     return last.reshape(batch, responses, groups, num_items, -1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_type", ["llama", "qwen3"])
 def test_tree_forward_equals_separate_sequences(models, model_type):
     model = models[model_type]
