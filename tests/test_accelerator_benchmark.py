@@ -10,7 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from xla_flags import FAST_COMPILE
+
+pytestmark = pytest.mark.slow  # runs the whole benchmark script
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = (

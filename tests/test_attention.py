@@ -77,6 +77,7 @@ def _param_grads(model, ids, kwargs):
     return jax.jit(jax.grad(loss))(params)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind, remat", [("padding", "full"), ("tree", "none")])
 def test_chunked_parameter_gradients_equal_dense(kind, remat):
     dense, chunked = _models("qwen3", remat=remat)
@@ -86,6 +87,7 @@ def test_chunked_parameter_gradients_equal_dense(kind, remat):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_prefill_is_chunked_and_decode_steps_stay_dense():
     """A prompt longer than the chunk fills the cache blockwise; one-token steps after it."""
     dense, chunked = _models("qwen3")
@@ -102,6 +104,7 @@ def test_prefill_is_chunked_and_decode_steps_stay_dense():
     np.testing.assert_allclose(outs[1], outs[0], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_chunking_cuts_the_compiled_temporaries():
     """XLA's own accounting of a training step's forward + backward on 512 tokens: blocks of
     64 queries hold an eighth of the scores, and no block's probabilities are kept."""

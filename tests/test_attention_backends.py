@@ -86,6 +86,7 @@ def _wrappers(mask: CausalPadding):
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["splash", "cudnn"])
 @pytest.mark.parametrize("case", ["gqa", "mha", "segments"])
 def test_causal_backends_equal_the_einsum_form(backend, case):
@@ -98,6 +99,7 @@ def test_causal_backends_equal_the_einsum_form(backend, case):
     _close(_values_and_grads(fns[backend], qkv), _values_and_grads(fns["xla"], qkv))
 
 
+@pytest.mark.slow
 def test_prefill_reads_the_first_key_slots():
     """A fresh cache's prefill (keys: 150 cache slots for 131 queries), and one kv head."""
     qkv, valid = _causal_case(131, 4, 1, key_slots=150)
@@ -136,6 +138,7 @@ def _shared(impl, prefix_valid, branch_valid):
     return fn
 
 
+@pytest.mark.slow
 def test_shared_prefix_splash_equals_the_einsum_forms():
     """70 prefix tokens under 3 branches of 45: 205 positions, blocks straddling branches."""
     arrays, prefix_valid, branch_valid = _prefix_case(70, 3, 45)
@@ -161,6 +164,7 @@ def test_block_size_adds_no_padding_beyond_the_lanes(length, block):
     assert splash.block_size(length) == block
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("heads, kv_heads", [(8, 4), (4, 2)])
 def test_splash_under_shard_map_equals_the_einsum_form(heads, kv_heads):
     """On a data=2 x tensor=4 mesh: 8 heads over 4 kv heads split four ways; 4 over 2 do not
@@ -272,6 +276,7 @@ def _logits_and_grads(model, forward):
     return out, jax.jit(jax.grad(loss))(params)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_type, kind", [("qwen3", "padding"), ("llama", "padding"),
                                               ("qwen3", "segments")])
 def test_model_with_splash_equals_the_einsum_form(model_type, kind):
@@ -290,6 +295,7 @@ def test_model_with_splash_equals_the_einsum_form(model_type, kind):
     _close(_logits_and_grads(splash_model, forward), _logits_and_grads(xla, forward))
 
 
+@pytest.mark.slow
 def test_prefill_with_splash_then_decode_steps_equal_the_einsum_form():
     """A left-padded prompt prefilled into a fresh cache (splash), then two decoding steps of
     two samples each (the einsum form over the prompts' and the samples' caches): the same
@@ -324,6 +330,7 @@ def test_prefill_with_splash_then_decode_steps_equal_the_einsum_form():
     _close(run(*splash_model), run(*xla))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_type", ["qwen3", "llama"])
 def test_shared_prefix_hidden_with_splash_equals_the_einsum_form(model_type):
     """Left-padded prompts under branches with padding anywhere (a verifier's item slots):
@@ -339,6 +346,7 @@ def test_shared_prefix_hidden_with_splash_equals_the_einsum_form(model_type):
     _close(_logits_and_grads(splash_model, forward), _logits_and_grads(xla, forward))
 
 
+@pytest.mark.slow
 def test_model_with_splash_on_the_mesh_equals_the_einsum_form():
     """The decoder's forward traced under the layout of a data=2 x fsdp=2 x tensor=2 mesh,
     the weights sharded by the rules: splash under shard_map gives the einsum form's logits."""

@@ -31,6 +31,7 @@ def number(cell: str) -> float:
     return value
 
 
+@pytest.mark.slow
 def test_round_stages_one_program_vs_separate_programs():
     # One CPU device and XLA:CPU's cheapest code generation: compiling the round twice (whole
     # and by stages) is nearly all the time.
@@ -92,6 +93,7 @@ def _tiny_decoder(vocab: int):
         num_heads=2, num_kv_heads=1, head_dim=16), seed=0)
 
 
+@pytest.mark.slow
 def test_prefix_sharing_updates_run_and_agree():
     """`benchmarks/prefix_sharing.py`'s update steps, at a tiny size: the shared-prompt step
     gives the unshared one's weights (the benchmark times the same update two ways)."""
@@ -108,6 +110,7 @@ def test_prefix_sharing_updates_run_and_agree():
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
 
 
+@pytest.mark.slow
 def test_peer_grpo_jaxrubric_iteration_runs():
     """`benchmarks/peer_grpo.py`'s jaxrubric rows (a row per completion, and each prompt once)
     on a tiny model: the timing harness runs with the round's current API."""

@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hf_fixtures import make_hf_model, save_hf_model
 
 import jaxrubric
@@ -18,6 +19,7 @@ def test_smoke_without_a_model_prints_logits(capsys):
     assert out.count("logit +") + out.count("logit -") == 3
 
 
+@pytest.mark.slow
 def test_convert_hf_orbax_hf_round_trip(tmp_path):
     hf = make_hf_model("llama", seed=11)
     src = save_hf_model(hf, tmp_path / "hf")
@@ -35,6 +37,7 @@ def test_convert_hf_orbax_hf_round_trip(tmp_path):
                                atol=1e-5)
 
 
+@pytest.mark.slow
 def test_sample_prints_completions_of_chat_prompts(tmp_path, capsys):
     from tokenizer_fixtures import byte_level_bpe
 

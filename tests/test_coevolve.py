@@ -20,6 +20,7 @@ from jaxrubric.methods.shapes import RoundDims, check_micro_batches
 from jaxrubric.roles import TRAINED, Role
 
 
+@pytest.mark.slow
 def test_round_updates_both_models_and_compiles_once(round_mesh):
     # Soft verdicts: an untrained verifier says "no" to nearly everything, so 0/1 verdicts
     # would give zero rewards and zero gradients.
@@ -44,6 +45,7 @@ def test_round_updates_both_models_and_compiles_once(round_mesh):
     assert out.outputs.scores.shape == (2, 4, 2)
 
 
+@pytest.mark.slow
 def test_static_rubrics_and_the_oracle_reward(round_mesh):
     """`rubric_source="static"`: the generator's prompt holds the question alone; the policy
     can be rewarded by a ground-truth function instead of rubric scores."""
@@ -113,6 +115,7 @@ def _rewards(**fields) -> dynamic_rubric.Rewards:
         **fields)
 
 
+@pytest.mark.slow
 def test_evaluation_gaps_the_listed_anchor_pairs_under_the_valid_groups():
     """`anchor_delta_gap`: the mean score difference of every better-worse pair of listed
     anchor answers, each scored by the mean of the valid groups."""
@@ -138,6 +141,7 @@ def test_evaluation_gaps_the_listed_anchor_pairs_under_the_valid_groups():
     assert metrics["anchor_delta_gap"] == pytest.approx((0.4 + 0.7 + 0.05) / 3)
 
 
+@pytest.mark.slow
 def test_evaluation_gaps_the_policys_own_answers_ordered_by_the_ground_truth():
     """The paper's Δgap: the evaluator's score of the better minus the worse of each pair of
     the policy's own answers, pairs ordered by the oracle; and the share ordered right."""
@@ -159,6 +163,7 @@ def test_evaluation_gaps_the_policys_own_answers_ordered_by_the_ground_truth():
     assert metrics["quality_se"] == pytest.approx(per_question.std() / np.sqrt(2))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype, param_dtype, stored", [
     ("bfloat16", "float32", "bfloat16"), ("float32", "bfloat16", "bfloat16"),
     ("float32", "float32", "float32")])
@@ -179,6 +184,7 @@ def test_reference_is_stored_in_the_compute_dtype_and_gives_the_same_logits(
                                   model(tokens))
 
 
+@pytest.mark.slow
 def test_runtime_switches_run_every_variant_in_one_program_as_its_own_round():
     """`round.runtime_switches`: the co-evolving, frozen-generator and oracle-reward runs are
     one compiled program (their lowered programs are the same text, and one jitted round
@@ -233,6 +239,7 @@ def test_runtime_switches_run_every_variant_in_one_program_as_its_own_round():
     assert program._cache_size() == 1
 
 
+@pytest.mark.slow
 def test_evaluation_micro_batches_give_the_same_metrics():
     """`round.eval_micro_batches`: the held-out rollout in pieces samples and judges the same
     rows as in one piece (the toy world evaluates 256 prompts in 32)."""

@@ -193,6 +193,7 @@ def test_model_dtypes_may_be_jax_or_numpy_dtypes(tmp_path):
         jaxrubric.load_pretrained(path, param_dtype=jnp.int8)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config, overrides, message", [
     (CONFIG, ["--config.round.top_pp=0.9"],
      "config has no key 'round.top_pp' (did you mean 'round.top_p'?)"),

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 from flax import nnx
 
 import jaxrubric
@@ -68,6 +69,7 @@ def _role_case():
     return model, (prompt, prompt_mask, completion, mask)
 
 
+@pytest.mark.slow
 def test_the_role_update_weighs_the_forward_kl_of_the_full_distributions():
     """`grpo_role_update` with `kl="forward"`: its `kl` metric is the token mean over valid
     completion tokens of sum_v p_ref (log p_ref - log p), each distribution computed here from

@@ -24,6 +24,7 @@ from jaxrubric.methods.setup import RoleSpec
 from jaxrubric.roles import Role
 
 
+@pytest.mark.slow
 def test_off_policy_rows_take_the_plain_policy_gradient_step_and_no_kl():
     """Against the loss written out here: on-policy rows the clipped ratio to the sampler's
     log-probs (1 at the first step) plus beta times the k3 KL to the reference; off-policy rows
@@ -73,6 +74,7 @@ def test_off_policy_rows_take_the_plain_policy_gradient_step_and_no_kl():
     assert gap > 1e-4
 
 
+@pytest.mark.slow
 def test_the_explorer_writes_the_last_rubrics_which_never_score_the_policy():
     """G = 4, m = 2: the last two rubrics carry the explorer's log-probs (teacher-forced under
     the explorer, not the generator), the policy's reward is the mean of the generator's own
@@ -155,6 +157,7 @@ def test_explorer_config_errors_name_the_keys():
         num_rubrics=4, explorer_rubrics=1)), [False, False, False, True])
 
 
+@pytest.mark.slow
 def test_item_credit_adds_each_items_advantage_to_its_tokens():
     """`round.item_credit`: per prompt the items' advantages are two z-scores over its valid
     items (mean 0 each, times the coefficient), padding items get none, and the generator's

@@ -25,6 +25,7 @@ def test_signed_weights_are_the_methods():
     assert GENRUBRIC.weights == grammar_lib.SIGNED_WEIGHTS == WEIGHTS
 
 
+@pytest.mark.slow
 def test_round_updates_both_models_and_compiles_once(round_mesh):
     # An untrained verifier says "no" to everything; its p_yes still varies, so soft verdicts
     # give both roles a reward signal (and adam without weight decay moves only on gradients).
@@ -84,6 +85,7 @@ def test_round_updates_both_models_and_compiles_once(round_mesh):
     assert np.all(outputs.scores.transpose(0, 2, 1)[~group_valid] == 0)
 
 
+@pytest.mark.slow
 def test_token_advantages_put_item_credit_on_item_tokens():
     tok = tiny_tokenizer()
     grammar = grammar_lib.build_rubric_grammar(tok, weights=WEIGHTS, max_items=3,
@@ -133,6 +135,7 @@ def test_token_advantages_put_item_credit_on_item_tokens():
         np.testing.assert_allclose(adv[g][structural], seq_adv[g], rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_the_control_shuffles_rewards_among_well_formed_groups_and_valid_items():
     """`shuffle_key` (round.shuffle_generator_credit): the same rewards, permuted among each
     query's well-formed groups (items among its valid items); a malformed group keeps reward 0
@@ -171,6 +174,7 @@ def test_the_control_shuffles_rewards_among_well_formed_groups_and_valid_items()
     assert len(orders) > 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("common, per_group", [(False, 1), (True, 1), (True, 2)])
 def test_common_noise_makes_one_querys_identical_rubrics_induce_one_response(
         round_mesh, common, per_group):
@@ -201,6 +205,7 @@ def test_common_noise_makes_one_querys_identical_rubrics_induce_one_response(
         assert not np.array_equal(sets[:, :, 0], sets[:, :, 1])
 
 
+@pytest.mark.slow
 def test_several_induced_responses_average_the_rewards_of_their_response_sets():
     """`responses_per_group` N: the generator's rewards are the mean of the rewards each set of
     one response per group earns; the policy's reward of a response leaves out its own

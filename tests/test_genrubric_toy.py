@@ -195,6 +195,7 @@ def test_method_picks_a_toy_world_and_is_refused_with_a_config(tmp_path):
         GenRubricWorldConfig(runs=("evolving", "frozen"))
 
 
+@pytest.mark.slow
 def test_run_config_carries_the_worlds_sampling_advantage_and_response_defaults(
         tmp_path):
     cfg = GenRubricWorldConfig()
@@ -211,6 +212,7 @@ def test_run_config_carries_the_worlds_sampling_advantage_and_response_defaults(
     assert gw.run_config("evolving", tmp_path, paths, over).round.generator.temperature == 1.0
 
 
+@pytest.mark.slow
 def test_the_answerer_trains_in_stages_until_it_follows_the_rubrics_it_is_shown(tmp_path):
     import jax
 

@@ -362,6 +362,7 @@ def test_merged_vocabulary(merged_tok):
 # ------------------------------------------------------------------------ sampling
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("weights", "seed"), [(POSITIVE, 0), (SIGNED, 1)])
 def test_constrained_sampling_always_parses(merged_tok, weights, seed):
     grammar = build(merged_tok, weights, max_items=4, max_item_tokens=12)

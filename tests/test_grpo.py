@@ -515,6 +515,7 @@ def _decoder_update(aggregation, micro_batches, num_updates=2, lora=False):
     return update(params, ref)
 
 
+@pytest.mark.slow
 def test_micro_batched_update_equals_the_whole_batch():
     """Two SGD steps over 4 micro-batches of the rows give the parameters and metrics
     (gradient norms included) of the whole-batch update, with the reference log-probs per

@@ -30,6 +30,7 @@ def _rows(mesh, x):
     return jax.device_put(x, shd.batch_sharding(mesh, x.ndim))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", ["plain", "shared_prefix"])
 def test_each_chip_computes_only_its_rows(path):
     """Forward and backward of a tiny model on an fsdp=8 mesh: without the layout XLA keeps

@@ -39,6 +39,7 @@ def _randomise_b(model, seed: int = 1) -> None:
             p[...] = 0.05 * jax.random.normal(jax.random.key(seed + i), p.shape)
 
 
+@pytest.mark.slow
 def test_fresh_adapters_are_the_identity_and_merge_exactly():
     base = init_model(tiny_config(), seed=0)
     model = init_model(tiny_config(lora=ALL), seed=0)
@@ -55,6 +56,7 @@ def test_fresh_adapters_are_the_identity_and_merge_exactly():
     np.testing.assert_allclose(logits, adapted, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_dropout_draws_each_rows_own_mask():
     model = init_model(tiny_config(lora=LoraConfig(rank=4, dropout=0.5)), seed=0)
     _randomise_b(model)
@@ -72,6 +74,7 @@ def _lora_models(tokenizer, mesh, lora: LoraConfig):
     return models
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["dynamic_rubric", "genrubric"])
 def test_a_lora_round_trains_only_the_adapters_on_the_mesh(method):
     mesh = shd.make_mesh({"fsdp": 4, "tensor": 2})

@@ -69,6 +69,7 @@ def _sampling_case(name, model, grammar_model):
     return model, tokens, mask, lengths, kwargs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", SAMPLING_CASES)
 def test_micro_batched_sampling_draws_the_same_samples(case, model, grammar_model):
     """Each row keeps its own key: the same tokens whole, in 2 or 4 micro-batches, and in
@@ -96,6 +97,7 @@ def test_micro_batched_sampling_draws_the_same_samples(case, model, grammar_mode
                                        err_msg=f"{n} {field}")
 
 
+@pytest.mark.slow
 def test_rows_given_one_noise_stream_sample_alike(model):
     """`noise_rows`: rows that share a stream and a prompt sample the same tokens (whole and in
     micro-batches); each row's own index as its stream is the default."""

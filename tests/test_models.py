@@ -54,6 +54,7 @@ def _ids(vocab, shape, seed=0):
     return np.random.RandomState(seed).randint(3, vocab, shape)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(PARITY_GRID))
 def test_logits_match_transformers(checkpoints, name):
     hf, folder = checkpoints(name)
@@ -140,6 +141,7 @@ def test_bf16_checkpoint_loads_and_stays_close(tmp_path):
     assert diff < 0.1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan", [True, False])
 def test_kv_cache_decoding_equals_full_forward(scan):
     cfg = jaxrubric.tiny_config("qwen3", scan_layers=scan)
@@ -156,6 +158,7 @@ def test_kv_cache_decoding_equals_full_forward(scan):
     assert np.abs(np.concatenate(steps, axis=1) - full).max() <= 1e-5
 
 
+@pytest.mark.slow
 def test_tree_mask_branches_equal_separate_runs():
     cfg = jaxrubric.tiny_config("llama")
     model = jaxrubric.init_model(cfg, seed=2)
@@ -190,6 +193,7 @@ def test_segment_ids_pack_independent_sequences():
     np.testing.assert_allclose(out[4:], np.asarray(model(jnp.asarray(b[None])))[0], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_scan_unrolled_and_remat_agree():
     cfg = jaxrubric.tiny_config("llama")
     ids = jnp.asarray(_ids(257, (2, 6)))

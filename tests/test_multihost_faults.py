@@ -22,6 +22,8 @@ from xla_flags import COLLECTIVE_TIMEOUT, with_devices
 
 from jaxrubric.peer_watch import LOST_PEER_EXIT
 
+pytestmark = pytest.mark.slow  # every test launches two training processes
+
 WORKER = Path(__file__).with_name("fault_worker.py")
 ROUNDS = 6
 # JAXRUBRIC_HEARTBEAT_TIMEOUT of these runs: 10 s unless set (to measure another, e.g. the

@@ -241,6 +241,7 @@ def prometheus_run(folders, tmp_path_factory):
     return rows, {**_read(root / "out"), "printed": printed.getvalue()}
 
 
+@pytest.mark.slow
 def test_prometheus_metrics_are_recomputed_from_the_verdicts(prometheus_run):
     rows, run = prometheus_run
     by_set = collections.defaultdict(list)
@@ -291,6 +292,7 @@ def test_prometheus_run_writes_every_rubric_and_verdict(prometheus_run):
     assert run["metrics"]["truncated"]["verifier_prompts"] == 24
 
 
+@pytest.mark.slow
 def test_ab_run_with_a_bad_row(folders, tmp_path, capsys):
     rows = _prometheus_rows()
     ab = [{"prompt": _conversation(rows[i]), "response_a": f"Sure. {i}", "response_b":

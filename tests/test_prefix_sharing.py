@@ -25,6 +25,8 @@ from jaxrubric.methods.setup import RoleSpec
 from jaxrubric.models.config import LoraConfig
 from jaxrubric.rl import grpo
 
+pytestmark = pytest.mark.slow  # every test compiles shared and unshared updates to compare
+
 B, S, P, N = 4, 3, 6, 5
 
 

@@ -141,6 +141,7 @@ DAMAGE = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", DAMAGE)
 def test_a_damaged_newest_checkpoint_is_moved_aside_and_the_run_falls_back(
         tmp_path, damage, capsys):
@@ -228,6 +229,7 @@ def four_rounds(tmp_path_factory):
     return workdir
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage, debug", [(damage, False) for damage in LOUD_DAMAGE]
                          + [("truncated", True)])
 def test_a_handled_damaged_checkpoint_prints_one_line_and_logs_the_details(
@@ -299,6 +301,7 @@ run_training(Slow(), workdir=sys.argv[1], rounds=8, checkpoint_every=1, keep_che
 """
 
 
+@pytest.mark.slow
 def test_kill_9_mid_run_then_resume_equals_the_uninterrupted_run(tmp_path):
     """SIGKILL leaves whatever was being written half done (and the workdir's lock file
     behind); the rerun discards the half-written checkpoint, takes over the stale lock and ends

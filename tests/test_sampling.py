@@ -29,6 +29,7 @@ def pair(checkpoint):
     return hf, jaxrubric.load_pretrained(folder)
 
 
+@pytest.mark.slow
 def test_greedy_equals_transformers_generate(pair):
     hf, model = pair
     out = sampling.generate(model, PROMPTS, max_new_tokens=10, temperature=0.0,
@@ -83,6 +84,7 @@ def test_samples_reading_the_prompt_once_equal_samples_on_their_own_copies(pair)
     np.testing.assert_allclose(shared(), copied(), atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature, top_k", [(1.3, 50), (1.0, None)])
 def test_logprobs_equal_teacher_forcing(pair, temperature, top_k):
     _, model = pair
@@ -101,6 +103,7 @@ def test_logprobs_equal_teacher_forcing(pair, temperature, top_k):
                 assert not np.allclose(sampled, ref)
 
 
+@pytest.mark.slow
 def test_the_model_distribution_path_equals_the_filtered_path(pair):
     """At temperature 1 without filters the sampler skips filtering and the second
     log-softmax; over the same distribution (top-k = the whole vocabulary) the general path
@@ -115,6 +118,7 @@ def test_the_model_distribution_path_equals_the_filtered_path(pair):
                                    np.asarray(getattr(general, field)), atol=1e-6)
 
 
+@pytest.mark.slow
 def test_top_k_one_is_greedy(pair):
     _, model = pair
     greedy = sampling.generate(model, PROMPTS, max_new_tokens=6, temperature=0.0,
@@ -124,6 +128,7 @@ def test_top_k_one_is_greedy(pair):
     np.testing.assert_array_equal(np.asarray(greedy.tokens), np.asarray(top1.tokens))
 
 
+@pytest.mark.slow
 def test_same_rng_same_samples_and_padding_invariance(pair):
     _, model = pair
     kwargs = dict(max_new_tokens=7, temperature=1.0, num_samples=3, rng=jax.random.key(3))
@@ -172,6 +177,7 @@ def test_stop_tokens_end_rows_and_padding_follows(pair):
         assert (np.asarray(out.logprobs[i, 0, expected:]) == 0).all()
 
 
+@pytest.mark.slow
 def test_filtered_distributions_match_their_targets():
     """Chi-square: the first sampled token follows the tempered / top-k / top-p target."""
     cfg = jaxrubric.tiny_config("llama", vocab_size=12)
@@ -215,6 +221,7 @@ def test_filtered_distributions_match_their_targets():
             assert set(order[keep]) == set(np.where(support)[0])
 
 
+@pytest.mark.slow
 def test_sharded_run_equals_single_device(pair):
     _, model = pair
     kwargs = dict(max_new_tokens=6, temperature=1.0, num_samples=2, rng=jax.random.key(7))
@@ -226,6 +233,7 @@ def test_sharded_run_equals_single_device(pair):
                                atol=1e-5)
 
 
+@pytest.mark.slow
 def test_padded_vocabulary_samples_the_same(checkpoint):
     """Loaded for an 8-way tensor axis, the 300-token vocabulary is padded to 304: the padding
     is zero mass at the end of each row's cumulative distribution, so the samples are the
@@ -262,6 +270,7 @@ def test_bad_arguments_are_named(pair):
         sampling.generate(model, [[3]], max_new_tokens=2, top_p=0.0, rng=jax.random.key(0))
 
 
+@pytest.mark.slow
 def test_grammar_constrained_samples_all_parse():
     """1000 rubric samples from a random model over a real trained BPE vocabulary all parse."""
     from helpers import check_against_text

@@ -78,6 +78,7 @@ def test_dynamic_rubric_prompt_decodes_to_the_rendered_text(name):
     _check_rows(tok, right, expected, "right")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(TOKENIZERS))
 def test_other_templates_decode_to_the_rendered_text(name):
     tok = TOKENIZERS[name]()

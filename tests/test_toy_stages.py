@@ -35,6 +35,7 @@ def _chain(tmp_path: Path) -> list[Stage]:
             Stage("d", Path.write_text, (d, "d"))]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("jobs", [1, 3])
 def test_every_stage_runs_once_after_what_it_reads(tmp_path, jobs):
     """`c` copies what `b` copied from `a`: it fails unless each ran after its dependency."""
@@ -62,6 +63,7 @@ def test_workers_output_goes_to_the_stage_log(tmp_path, capfd):
     assert "hello from a worker" not in printed and "start: say: hello" in printed
 
 
+@pytest.mark.slow
 def test_sigterm_reaches_the_workers(tmp_path):
     """A SIGTERM to the world's process is passed to its workers. A worker's default SIGTERM
     action ends it, so the pool breaks at once instead of sleeping out its 60 s stage. (In a

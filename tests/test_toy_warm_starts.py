@@ -124,6 +124,7 @@ def test_the_shipped_starts_are_the_defaults(method, tmp_path):
     assert sum((source / name).stat().st_size for name in manifest["files"]) < 5e6
 
 
+@pytest.mark.slow
 def test_every_warm_start_trains_and_saves_its_role(tmp_path):
     """The DynamicRubric world's warm starts and the verifier both worlds use, two tiny steps
     each: the path the world takes without shipped starts (`--from-scratch`)."""

@@ -61,6 +61,7 @@ def test_train_resume_equals_uninterrupted_and_exports(tmp_path, capsys):
     assert transformers.AutoTokenizer.from_pretrained(out).chat_template
 
 
+@pytest.mark.slow
 def test_a_run_saved_in_the_earlier_config_layout_resumes_and_exports(saved_v1_workdir, capsys):
     """A workdir written before the round's per-role settings became records (`config.json`
     and the checkpoint's run config in the old layout, tests/data/README.md) resumes under

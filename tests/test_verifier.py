@@ -71,6 +71,7 @@ def _plain_logits(model, prefix, prefix_lengths, items, item_lengths, suffix):
     return last.reshape(batch, responses, groups, num_items, -1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_type", ["llama", "qwen3"])
 def test_tree_forward_equals_separate_sequences(models, model_type):
     model = models[model_type]
@@ -154,6 +155,7 @@ def _judge(variant):
     return model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant, micro_batches", [
     ("llama", 1), ("llama", 2), ("qwen3, attention in blocks", 1), ("qwen3 with LoRA", 2)])
 def test_shared_prefix_verdicts_equal_per_item_and_the_dense_tree(variant, micro_batches):
@@ -219,6 +221,7 @@ def _real_batch(tok, batch=2, responses=2, groups=2, max_items=3, item_len=32):
     return (p_ids, lengths[0], r_ids, lengths[1]), parsed
 
 
+@pytest.mark.slow
 def test_end_to_end_with_a_real_tokenizer_and_parsed_rubrics(models):
     tok = byte_level_bpe()
     assert len(tok) == VOCAB
@@ -268,6 +271,7 @@ def test_sharded_inputs_and_params_give_the_same_verdicts(models):
                                   np.concatenate([np.asarray(x.verdicts) for x in singles]))
 
 
+@pytest.mark.slow
 def test_on_the_8_device_mesh_in_micro_batches_verdicts_equal_per_item(models):
     """Weights sharded fsdp 2 x tensor 2, 8 prompts over data x fsdp in 2 micro-batches: the
     verdicts of one sequence per item and of the dense tree, on one device."""
