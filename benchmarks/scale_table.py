@@ -78,7 +78,7 @@ def row_of(recipe: str, slice_name: str, config, plan: dict, compiled: dict,
         stage = name.split(" (")[0]  # "policy rollout (induced responses)": its stage's name
         if "rollout" in name and stage in stages and steps[name]:
             held = sum(b for label, b in phase.items
-                       if label.startswith(("weights laid out", "KV cache:")))
+                       if label.startswith(("weights laid out", "KV cache")))
             decode[stage] = stages[stage].bytes / steps[name] / held
     row.update(
         refused=False, argument=compiled["argument"], temp=compiled["temp"],
