@@ -27,8 +27,8 @@ from jaxrubric.data import load_anchors, prompt_text
 from jaxrubric.logging_utils import WandbSettings
 from jaxrubric.methods import get_method
 from jaxrubric.methods.batches import batch_shapes, encode_batch
-from jaxrubric.methods.data import (Frozen, RoundBatch, RoundResult, RoundState, base_weights,
-                                    role_weights)
+from jaxrubric.methods.data import (Frozen, RoleState, RoundBatch, RoundResult, RoundState,
+                                    base_weights, role_weights, trainable)
 from jaxrubric.methods.programs import make_round_step, make_submesh_round_step
 from jaxrubric.methods.setup import init_state
 from jaxrubric.models import adapters, hf
@@ -266,8 +266,12 @@ class CoevolveTask:
     @functools.cached_property
     def round_flops(self) -> float:
         """Model FLOPs of one round (what MFU counts), from the shapes of its stages traced on
-        the round's input shapes (`Method.round_shapes`), when first read."""
-        state = jax.eval_shape(lambda: init_state(self.setup, self.models))
+        the round's input shapes (`Method.round_shapes`), when first read. The trace skips the
+        updates, so it is given the trained weights without their optimiser state."""
+        roles = {role: RoleState(nnx.state(self.models[role], trainable(self.models[role])), None)
+                 for role in TRAINED}
+        state = RoundState(roles[Role.POLICY], roles[Role.GENERATOR],
+                           jax.ShapeDtypeStruct((), np.int32))
         shapes = self.method.round_shapes(self.setup, state, self.frozen,
                                           batch_shapes(self.tokenizer, self.config.data),
                                           jax.random.key(0))
