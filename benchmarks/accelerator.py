@@ -53,7 +53,6 @@ from jaxrubric.methods.data import Frozen, RoundState
 from jaxrubric.methods.dynamic_rubric import DynamicRubricConfig
 from jaxrubric.methods.round_config import RoleConfig
 from jaxrubric.methods.setup import init_state
-from jaxrubric.methods.shapes import round_dims
 from jaxrubric.methods.keys import RoundKey, update_keys
 from jaxrubric.methods.update import role_update
 from jaxrubric.plan.models import KNOWN_ARCHITECTURES
@@ -278,15 +277,13 @@ def round_rows(setup, models, state, frozen, batch, repeats: int) -> list[Row]:
         rows.append(Row(f"round: {name}", "this prefix of the round minus the one before",
                         Timing(total.first_s, total.best_s - previous.best_s)))
         previous = total
-    dims = round_dims(setup, {"question": batch.question.tokens.shape,
-                                   "policy": batch.policy.tokens.shape,
-                                   "anchors": batch.anchors.tokens.shape})
     round_flops = flops.round_flops({r: models[r].config for r in ROLES}, setup.config,
-                                    DYNAMIC_RUBRIC.round_shapes(setup.config, dims))
+                                    DYNAMIC_RUBRIC.round_shapes(setup, state, frozen, batch, rng))
     c = setup.config
-    rows.append(Row("round: whole round", f"B={dims.batch}, K={c.num_responses}, "
-                    f"G={c.num_rubrics}, {c.response_tokens} response tokens, rubrics of "
-                    f"{dims.rubric}", previous, flops=round_flops))
+    rows.append(Row("round: whole round", f"B={batch.question.tokens.shape[0]}, "
+                    f"K={c.num_responses}, G={c.num_rubrics}, {c.response_tokens} response "
+                    f"tokens, rubrics of {setup.grammar.max_rubric_tokens}", previous,
+                    flops=round_flops))
     return rows
 
 

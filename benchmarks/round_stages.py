@@ -37,7 +37,6 @@ from jaxrubric.methods import DYNAMIC_RUBRIC, dynamic_rubric
 from jaxrubric.methods.data import RoundState
 from jaxrubric.methods.programs import make_round_step, make_submesh_round_step
 from jaxrubric.methods.setup import RoundSetup
-from jaxrubric.methods.shapes import round_dims
 from jaxrubric.roles import ROLES, TRAINED, Role
 from jaxrubric.train import CoevolveTask
 
@@ -218,12 +217,9 @@ def stages_table(task: CoevolveTask, state, batch, rng, repeats: int) -> str:
         # The whole round donates nothing here: timing reruns it on the same state.
         total = best_time(jax.jit(fn), (state, task.frozen, batch, rng), repeats)
         cumulative[name], previous = total - previous, total
-    dims = round_dims(task.setup, {"question": batch.question.tokens.shape,
-                                        "policy": batch.policy.tokens.shape,
-                                        "anchors": batch.anchors.tokens.shape})
     stage_flops = flops.round_flops_by_stage(
         {r: task.models[r].config for r in ROLES}, task.setup.config,
-        task.method.round_shapes(task.setup.config, dims))
+        task.method.round_shapes(task.setup, state, task.frozen, batch, rng))
     assert sum(stage_flops.values()) == task.round_flops
     groups = {"policy samples": ("policy/sample",),
               "generator writes rubrics": ("generator/sample",),

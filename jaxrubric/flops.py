@@ -17,7 +17,7 @@ not what our implementation happens to execute. The convention is MaxText's
   matmuls, under 1% at the recipes' ranks, are not counted).
 
 Round-level approximations (`round_flops_by_stage`), all from the round's static shapes as its
-method describes them (`Method.round_shapes`):
+stages make them (`Method.round_shapes`, the round traced on abstract inputs):
 
 - padding is counted: prompts, responses and rubrics are their static maximum lengths, as in
   the compiled program (MaxText counts padded sequences too);

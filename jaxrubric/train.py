@@ -26,12 +26,11 @@ from jaxrubric.config import base_config, load_config, role_lora, round_config, 
 from jaxrubric.data import load_anchors, prompt_text
 from jaxrubric.logging_utils import WandbSettings
 from jaxrubric.methods import get_method
-from jaxrubric.methods.batches import encode_batch
-from jaxrubric.methods.data import (Frozen, RoundBatch, RoundResult, RoundState, base_weights,
-                                    role_weights)
+from jaxrubric.methods.batches import batch_shapes, encode_batch
+from jaxrubric.methods.data import (Frozen, RoleState, RoundBatch, RoundResult, RoundState,
+                                    base_weights, role_weights, trainable)
 from jaxrubric.methods.programs import make_round_step, make_submesh_round_step
 from jaxrubric.methods.setup import init_state
-from jaxrubric.methods.shapes import round_dims
 from jaxrubric.models import adapters, hf
 from jaxrubric.models.config import LoraConfig
 from jaxrubric.models.transformer import Decoder
@@ -214,13 +213,6 @@ class CoevolveTask:
                              policy_base=bases[Role.POLICY], generator_base=bases[Role.GENERATOR],
                              switches=switches, generator_explorer=explorer)
         self.models = models
-        d = config.data
-        self.round_flops = flops.round_flops(
-            {role: models[role].config for role in ROLES}, rc,
-            self.method.round_shapes(rc, round_dims(self.setup, {
-                "question": (d.batch_size, d.prompt_tokens),
-                "policy": (d.batch_size, d.policy_tokens),
-                "anchors": (d.batch_size, d.num_anchors, d.anchor_tokens)})))
         # The held-out evaluation's setup: the round's, or with its own micro-batches.
         eval_config = rc.for_evaluation()
         eval_setup = (self.setup if eval_config == rc else
@@ -270,6 +262,21 @@ class CoevolveTask:
     def abstract_state(self) -> RoundState:
         return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
                             self.init_state(jax.random.key(0)))
+
+    @functools.cached_property
+    def round_flops(self) -> float:
+        """Model FLOPs of one round (what MFU counts), from the shapes of its stages traced on
+        the round's input shapes (`Method.round_shapes`), when first read. The trace skips the
+        updates, so it is given the trained weights without their optimiser state."""
+        roles = {role: RoleState(nnx.state(self.models[role], trainable(self.models[role])), None)
+                 for role in TRAINED}
+        state = RoundState(roles[Role.POLICY], roles[Role.GENERATOR],
+                           jax.ShapeDtypeStruct((), np.int32))
+        shapes = self.method.round_shapes(self.setup, state, self.frozen,
+                                          batch_shapes(self.tokenizer, self.config.data),
+                                          jax.random.key(0))
+        return flops.round_flops({role: self.models[role].config for role in ROLES},
+                                 self.setup.config, shapes)
 
     def round_step(self, state: RoundState, batch: RoundBatch, rng: jax.Array
                    ) -> tuple[RoundState, RoundResult]:

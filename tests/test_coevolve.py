@@ -16,7 +16,7 @@ from jaxrubric.methods.data import RoundResult, RoundState
 from jaxrubric.methods.dynamic_rubric import DynamicRubricConfig
 from jaxrubric.methods.programs import round_program
 from jaxrubric.methods.round_config import RoleConfig, RoundConfig
-from jaxrubric.methods.shapes import RoundDims, check_micro_batches
+from jaxrubric.methods.shapes import check_micro_batches
 from jaxrubric.roles import TRAINED, Role
 
 
@@ -254,10 +254,8 @@ def test_evaluation_micro_batches_give_the_same_metrics():
         RoundConfig(eval_micro_batches=-1)
     with pytest.raises(ValueError, match=r"eval_micro_batches=2 must divide the held-out "
                                          r"prompts \(data.eval_batch_size\), 3"):
-        check_micro_batches(config, DYNAMIC_RUBRIC.round_shapes(config, RoundDims(
-            batch=2, question=16, policy_prompt=32, anchors=3, anchor_len=2, rubric=40, items=3,
-            item_tokens=6, generator_constant=20, verifier_head=10, readout_suffix=3)),
-            eval_prompts=3)
+        check_micro_batches(config, {Role.POLICY: 2, Role.GENERATOR: 2},
+                            {Role.GENERATOR: (4, 2), Role.POLICY: (4, 2)}, eval_prompts=3)
     case = round_case(DYNAMIC_RUBRIC, config, mesh, oracle_reward=oracle)
     metrics = [jax.device_get(jax.jit(lambda s, f, b, r, c=c: DYNAMIC_RUBRIC.evaluate(
         dataclasses.replace(case.setup, config=c), s, f, b, r))(

@@ -2,6 +2,7 @@
 shapes against the arrays the round builds, the peak table and MFU."""
 
 import dataclasses
+import types
 
 import jax
 import jax.numpy as jnp
@@ -13,12 +14,12 @@ import jaxrubric
 from jaxrubric import flops
 from jaxrubric import mfu as mfu_lib
 from jaxrubric.methods import DYNAMIC_RUBRIC, GENRUBRIC, update
-from jaxrubric.methods.batches import encode_batch
+from jaxrubric.methods.batches import batch_shapes, encode_batch
 from jaxrubric.methods.dynamic_rubric import DynamicRubricConfig
 from jaxrubric.methods.genrubric import GenRubricConfig
 from jaxrubric.methods.round_config import RoleConfig, RoundConfig
-from jaxrubric.methods.shapes import (RoundDims, Sampling, Update, Verification, anchor_row_bytes,
-                                      batch_row_bytes, question_row_bytes, round_dims)
+from jaxrubric.methods.data import Frozen, RoleState, RoundState
+from jaxrubric.methods.shapes import RoundShapes, Sampling, Update, Verification
 from jaxrubric.roles import ROLES, Role
 from jaxrubric.rubric import dense_tree
 from jaxrubric.rubric import grammar as grammar_lib
@@ -174,14 +175,25 @@ def _int(shape):
     return jax.ShapeDtypeStruct(shape, jnp.int32)
 
 
+def _traced(method, setup, tok, B, Lq, Lp, n, La):
+    """`method`'s round shapes, traced on abstract inputs of the tiny models (`_setup`)."""
+    params = {role: nnx.state(abstract_models(tiny_model_config(tok))[role], nnx.Param)
+              for role in ROLES}
+    state = RoundState(RoleState(params[Role.POLICY], None), RoleState(params[Role.GENERATOR], None),
+                       jax.ShapeDtypeStruct((), jnp.int32))
+    frozen = Frozen(params[Role.VERIFIER], policy_ref=params[Role.POLICY],
+                    generator_ref=params[Role.GENERATOR])
+    data = types.SimpleNamespace(batch_size=B, prompt_tokens=Lq, policy_tokens=Lp,
+                                 anchor_tokens=La, num_anchors=n)
+    return method.round_shapes(setup, state, frozen, batch_shapes(tok, data), jax.random.key(0))
+
+
 def test_round_shapes_are_the_shapes_the_round_builds():
     B, Lq, Lp, n, La = 2, 16, 32, 3, 8
     config = DynamicRubricConfig(num_responses=4, num_rubrics=2, response_tokens=12)
     K, G, Lr = 4, 2, 12
-    batch_shapes = {"question": (B, Lq), "policy": (B, Lp), "anchors": (B, n, La)}
     setup, cfg, tok = _setup("dynamic_rubric", config)
-    dims = round_dims(setup, batch_shapes)
-    shapes = DYNAMIC_RUBRIC.round_shapes(config, dims)
+    shapes = _traced(DYNAMIC_RUBRIC, setup, tok, B, Lq, Lp, n, La)
     models = dict.fromkeys(ROLES, cfg)
     assert flops.round_flops(models, config, shapes) == pytest.approx(
         sum(flops.round_flops_by_stage(models, config, shapes).values()))
@@ -216,21 +228,21 @@ def test_round_shapes_are_the_shapes_the_round_builds():
     assert shapes.updates == (Update(Role.GENERATOR, B * G, gen.shape[-1], rubric, G),
                               Update(Role.POLICY, B * K, Lp, Lr, K))
 
-    # The bytes a stage reads per prompt: the batch's rows as `encode_batch` builds them.
+    # What a stage reads from another role: the batch's rows as `encode_batch` builds them,
+    # and the responses (tokens, lengths, finished, log-probs twice, text lengths).
     host = encode_batch(tok, ["Sort 3 1 2.", "Reverse cat."], [["1 2 3"], ["tac"]],
                         prompt_tokens=Lq, policy_tokens=Lp, anchor_tokens=La,
                         num_anchors=n)
     row_bytes = lambda tree: sum(x.nbytes for x in jax.tree.leaves(tree)) // B  # noqa: E731
-    assert question_row_bytes(dims) == row_bytes(host.question)
-    assert anchor_row_bytes(dims) == row_bytes(host.anchors)
-    assert batch_row_bytes(dims) == row_bytes(host)
-    stages = {"policy rollout", "generator rollout", "verifier", "generator update",
-              "policy update"}
-    assert set(shapes.reads) == stages
+    assert set(shapes.reads) == {(Role.GENERATOR, 0), (Role.VERIFIER, 0), (Role.GENERATOR, 1),
+                                 (Role.POLICY, 1)}  # the policy's rollout reads its own
+    from_policy = {r.source: r for r in shapes.reads[Role.VERIFIER, 0]}[Role.POLICY]
+    assert from_policy.bytes_per_prompt == (row_bytes(host.question) + row_bytes(host.anchors)
+                                            + K * (12 * Lr + 5 + 4))
 
     gr_config = GenRubricConfig(num_rubrics=2, response_tokens=12)
     gr_setup, _, _ = _setup("genrubric", gr_config)
-    gr_shapes = GENRUBRIC.round_shapes(gr_config, round_dims(gr_setup, batch_shapes))
+    gr_shapes = _traced(GENRUBRIC, gr_setup, tok, B, Lq, Lp, n, La)
     # Signed weights ("-5") make GenRubric's longest rubric longer than DynamicRubric's.
     gr_rubric = gr_setup.grammar.max_rubric_tokens
     assert gr_rubric > rubric
@@ -251,15 +263,31 @@ def test_round_shapes_are_the_shapes_the_round_builds():
         Verification("induced responses", B * G, prefix.shape[-1], G * M, branch),)
     assert gr_shapes.updates == (Update(Role.GENERATOR, B * G, gr_gen.shape[-1], gr_rubric, G),
                                  Update(Role.POLICY, B * G, induced.shape[-1], Lr))
-    assert set(gr_shapes.reads) == stages
+    assert {(Role.POLICY, 0), (Role.VERIFIER, 0), (Role.GENERATOR, 1)} <= set(gr_shapes.reads)
 
 
-# Hand-picked dims: a policy prompt of 32, a generator prompt of 136 + 16 + 4 x 12 = 200, a
+# Hand-picked shapes: a policy prompt of 32, a generator prompt of 136 + 16 + 4 x 12 = 200, a
 # rubric of 40, 3 items, branches of 6 + 3 = 9, verifier prefixes of 32 + 16 + 12 = 60
-# (responses) and 32 + 16 + 2 = 50 (anchors), an induced prompt of 10 + 40 + 16 = 66.
-DIMS = RoundDims(batch=2, question=16, policy_prompt=32, anchors=3, anchor_len=2, rubric=40,
-                 items=3, item_tokens=6, generator_constant=136, verifier_head=32,
-                 readout_suffix=3, induced_constant=10)
+# (responses) and 32 + 16 + 2 = 50 (anchors), 2 prompts; GenRubric's generator prompt of
+# 136 + 16 = 152 and induced prompt of 10 + 40 + 16 = 66.
+DR_ROLLOUTS = (Sampling(Role.POLICY, "policy rollout", 2, 4, 32, 12),
+               Sampling(Role.GENERATOR, "generator rollout", 2, 2, 200, 40))
+DR_PASSES = (Verification("responses", 8, 60, 6, 9), Verification("anchors", 6, 50, 6, 9))
+DR_UPDATES = {Role.GENERATOR: Update(Role.GENERATOR, 4, 200, 40, 2),
+              Role.POLICY: Update(Role.POLICY, 8, 32, 12, 4)}
+
+
+def dr_shapes(*roles: Role) -> RoundShapes:
+    """DynamicRubric's hand-picked shapes with the updates of `roles` (default: both)."""
+    roles = roles or (Role.GENERATOR, Role.POLICY)
+    return RoundShapes(DR_ROLLOUTS, DR_PASSES, tuple(DR_UPDATES[r] for r in roles), {})
+
+
+GR_SHAPES = RoundShapes(
+    (Sampling(Role.GENERATOR, "generator rollout", 2, 2, 152, 40),
+     Sampling(Role.POLICY, "policy rollout (induced responses)", 4, 1, 66, 12)),
+    (Verification("induced responses", 4, 60, 6, 9),),
+    (Update(Role.GENERATOR, 4, 152, 40, 2), Update(Role.POLICY, 4, 66, 12)), {})
 
 
 def test_round_flops_stages_follow_the_config():
@@ -269,7 +297,7 @@ def test_round_flops_stages_follow_the_config():
     policy, generator, verifier = (models[r] for r in (Role.POLICY, Role.GENERATOR,
                                                         Role.VERIFIER))
     base = DynamicRubricConfig(num_responses=4, num_rubrics=2, response_tokens=12)  # prompts shared
-    shapes = DYNAMIC_RUBRIC.round_shapes(base, DIMS)
+    shapes = dr_shapes()
     stages = flops.round_flops_by_stage(models, base, shapes)
     assert set(stages) == {"policy/sample", "generator/sample", "verifier/responses",
                            "verifier/anchors", "policy/reference", "policy/update",
@@ -281,8 +309,7 @@ def test_round_flops_stages_follow_the_config():
     assert stages["generator/update"] == 3 * flops.shared_teacher_forced_flops(
         generator, prompts=2, prompt_len=200, samples=2, completion_len=40)
     unshared = dataclasses.replace(base, share_prefix=False)  # a row per sample
-    rows = flops.round_flops_by_stage(models, unshared,
-                                      DYNAMIC_RUBRIC.round_shapes(unshared, DIMS))
+    rows = flops.round_flops_by_stage(models, unshared, shapes)
     assert rows["policy/update"] == 3 * flops.teacher_forced_flops(
         policy, rows=8, prompt_len=32, completion_len=12)
     assert rows["generator/update"] == 3 * flops.teacher_forced_flops(
@@ -300,15 +327,13 @@ def test_round_flops_stages_follow_the_config():
 
     varied = DynamicRubricConfig(num_responses=4, num_rubrics=2, response_tokens=12, num_updates=2,
                                  policy=RoleConfig(beta=0.0), generator=RoleConfig(freeze=True))
-    stages = flops.round_flops_by_stage(models, varied, DYNAMIC_RUBRIC.round_shapes(varied, DIMS))
+    stages = flops.round_flops_by_stage(models, varied, dr_shapes(Role.POLICY))
     assert set(stages) == {"policy/sample", "generator/sample", "verifier/responses",
                            "verifier/anchors", "policy/update"}
     assert stages["policy/update"] == 6 * policy_forward
     # Behind a runtime switch the frozen generator's update is compiled but skipped: no FLOPs.
     switched = dataclasses.replace(varied, runtime_switches=True)
-    switched_shapes = DYNAMIC_RUBRIC.round_shapes(switched, DIMS)
-    assert [u.role for u in switched_shapes.updates] == ["generator", "policy"]
-    assert flops.round_flops_by_stage(models, switched, switched_shapes) == stages
+    assert flops.round_flops_by_stage(models, switched, dr_shapes()) == stages
 
     # The forward KL: the reference stops at its hidden states, and each update step projects
     # them to the vocabulary (2 prompts x G = 2 rubrics of 40 tokens, 2 steps).
@@ -323,7 +348,7 @@ def test_round_flops_stages_follow_the_config():
     assert fk["policy/update"] == 6 * policy_forward
 
     gr_base = GenRubricConfig(num_rubrics=2, response_tokens=12)
-    gr = flops.round_flops_by_stage(models, gr_base, GENRUBRIC.round_shapes(gr_base, DIMS))
+    gr = flops.round_flops_by_stage(models, gr_base, GR_SHAPES)
     assert set(gr) == {"generator/sample", "policy/sample", "verifier/induced responses",
                        "generator/reference", "generator/update", "policy/reference",
                        "policy/update"}

@@ -14,9 +14,9 @@ import pytest
 from jaxrubric import plan
 from jaxrubric.config import load_config, round_config
 from jaxrubric.methods import get_method
-from jaxrubric.methods.shapes import config_dims
 from jaxrubric.plan import compile as plan_compile
 from jaxrubric.plan import models
+from jaxrubric.plan.shapes import round_shapes
 from jaxrubric.recipes import SLICES, Slice
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -41,8 +41,8 @@ def recipe_plan(name: str, mesh: str, memory: str, overrides=()) -> dict:
 
 
 # The plan's modules, bottom up: each imports only those before it (no cycles).
-LAYERS = ["errors", "meshes", "models", "shapes", "phases", "memory", "report", "topology",
-          "abstract", "hlo_cost", "roofline", "compile", "cli"]
+LAYERS = ["errors", "meshes", "models", "templates", "abstract", "shapes", "phases", "memory",
+          "report", "topology", "hlo_cost", "roofline", "compile", "cli"]
 
 
 def test_plan_modules_import_only_downward():
@@ -189,9 +189,9 @@ def test_recipes_share_prefixes_on_their_meshes(name, mesh, memory):
     it runs it), fits, and gives every chip holding the batch a prompt in each update
     micro-batch (no note that a micro-batch does not split over the chips)."""
     config = load_config(recipe_path(name))
-    rc, method = round_config(config), get_method(config.method)
+    rc = round_config(config)
     # Each recipe trains a role whose samples share a prompt, and shares it.
-    updates = method.round_shapes(rc, config_dims(config, method.weights)).updates
+    updates = round_shapes(config)[1].updates
     assert any(u.shared(rc) for u in updates)
     p = recipe_plan(name, mesh, memory)
     assert p["fits"], (p["total"] / GIB, p["usable"] / GIB, p["peak_phase"])
@@ -428,7 +428,7 @@ def test_submesh_plan_holds_each_roles_state_on_its_mesh():
     config = load_config(TINY)
     d, n, k = config.data, config.round.response_tokens, config.round.num_responses
     moved = dict(meshes["verifier"]["moved"]["verifier"])
-    assert moved["moved from the policy's mesh: questions, anchors, responses"] == 4 * (
+    assert moved["moved from the policy's mesh: question, anchors, responses, text_len"] == 4 * (
         4 * (d.prompt_tokens + 1) + d.num_anchors * (4 * d.anchor_tokens + 4 + 1 + 4)
         + k * (12 * n + 5 + 4))
     assert meshes["policy"]["moved"] == {
@@ -454,8 +454,8 @@ def test_shared_submeshes():
     assert "AdamW state, both roles" in dict(shared["state"])
     assert shared["moved"]["generator rollout"] == []  # the responses are already there
     assert [label for label, _ in verifier["moved"]["verifier"]] == [
-        "moved from the policy's mesh: questions, anchors, responses",
-        "moved from the generator's mesh: rubrics, parsed"]
+        "moved from the policy's mesh: question, anchors, responses, text_len",
+        "moved from the generator's mesh: parsed, rubrics"]
     one = plan.plan_memory(load_config(TINY, [
         "submeshes.policy=fsdp=8", "submeshes.generator=policy", "submeshes.verifier=policy"]),
         GIB)
@@ -484,9 +484,7 @@ def test_frozen_role_behind_a_runtime_switch_keeps_its_update_phase():
                                     f"round.runtime_switches={switched}"])
         config.mesh.update(plan.parse_mesh("fsdp=8"))
         assert ("generator update" in plan.plan_memory(config, GIB)["phases"]) == switched
-        method = get_method(config.method)
-        updates = method.round_shapes(round_config(config),
-                                      config_dims(config, method.weights)).updates
+        updates = round_shapes(config)[1].updates
         assert [u.role for u in updates] == (["generator", "policy"] if switched
                                              else ["policy"])
 

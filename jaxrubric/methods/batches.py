@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import numpy as np
 
 from jaxrubric.methods.data import Anchors, PolicyPrompt, Question, RoundBatch
@@ -57,3 +58,13 @@ def encode_batch(tokenizer: Any, questions: list[str], anchors: list[list[str]],
             anchor.mask[i, j] = True
             anchor.ranks[i, j] = ranks[j]
     return RoundBatch(question, policy, anchor)
+
+
+def batch_shapes(tokenizer: Any, data: Any) -> RoundBatch:
+    """The batch of a config's `data` section (`ml_collections`) as `jax.ShapeDtypeStruct`s:
+    `encode_batch`'s layout, read from an empty batch, at `data.batch_size` rows."""
+    empty = encode_batch(tokenizer, [], [], prompt_tokens=data.prompt_tokens,
+                         policy_tokens=data.policy_tokens, anchor_tokens=data.anchor_tokens,
+                         num_anchors=data.num_anchors)
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct((data.batch_size, *x.shape[1:]),
+                                                       x.dtype), empty)

@@ -31,10 +31,7 @@ from jaxrubric.methods.data import (Anchors, Frozen, PolicyPrompt, Question, Rou
 from jaxrubric.methods.method import Method, verifier_messages
 from jaxrubric.methods.round_config import RoundConfig
 from jaxrubric.methods.setup import RoundSetup
-from jaxrubric.methods.shapes import (Read, RoundDims, RoundShapes, Sampling, Verification,
-                                      anchor_row_bytes, check_micro_batches, config_dims,
-                                      parsed_row_bytes, question_row_bytes, sample_row_bytes,
-                                      trained_updates)
+from jaxrubric.methods.shapes import check_micro_batches
 from jaxrubric.methods.keys import EXPLORER_STREAM, RoundKey, update_keys
 from jaxrubric.methods.steps import Rubrics, judge_answers, text_lengths, write_rubrics
 from jaxrubric.methods.update import UpdateInputs, update
@@ -193,9 +190,9 @@ def judge(setup: RoundSetup, verifier_params: nnx.State, question: Question, anc
     one tree-masked forward per answer, and scored by every rubric, `sum(w v) / sum(w)`."""
     verifier = nnx.merge(setup.graph(Role.VERIFIER), verifier_params)
     verdicts = judge_answers(setup, verifier, question, responses.tokens, text_len, parsed,
-                             parsed.valid)  # [B, K, G, M]
+                             parsed.valid, "responses")  # [B, K, G, M]
     anchor_verdicts = judge_answers(setup, verifier, question, anchors.tokens, anchors.lengths,
-                                    parsed, parsed.valid)  # [B, n, G, M]
+                                    parsed, parsed.valid, "anchors")  # [B, n, G, M]
     weights = parsed.weights.astype(jnp.float32)
     scores, _ = dynamic_rubric_score(verdicts, weights[:, None], parsed.valid[:, None])
     anchor_scores, _ = dynamic_rubric_score(anchor_verdicts, weights[:, None],
@@ -448,8 +445,9 @@ class DynamicRubric(Method):
         rc = self.round_config.from_tree(config.round.to_dict())
         eval_prompts = (config.data.eval_batch_size or config.data.batch_size
                         if config.data.eval else None)
-        check_micro_batches(rc, self.round_shapes(rc, config_dims(config, self.weights)),
-                            eval_prompts)
+        b, k, g = config.data.batch_size, rc.num_responses, rc.num_rubrics
+        check_micro_batches(rc, {Role.POLICY: b, Role.GENERATOR: b},
+                            {Role.GENERATOR: (b * g, g), Role.POLICY: (b * k, k)}, eval_prompts)
 
     def check_round(self, config, oracle_reward):
         if config.policy_reward == "oracle" and oracle_reward is None:
@@ -478,38 +476,6 @@ class DynamicRubric(Method):
                 mark("prompt"), [mark(r) for r in responses], max_items=max_items,
                 style=style), ("prompt", *responses)),
             "verifier": verifier_messages(style)}
-
-    def round_shapes(self, config: DynamicRubricConfig, dims: RoundDims) -> RoundShapes:
-        b, k, g, n = dims.batch, config.num_responses, config.num_rubrics, config.response_tokens
-        generator_prompt = (dims.generator_constant + dims.question
-                            + shown_responses(config) * n)
-        prefix = dims.verifier_head + dims.question
-        branches, branch = g * dims.items, dims.item_tokens + dims.readout_suffix
-        responses = k * (sample_row_bytes(n) + 4)  # + text_len
-        rubrics = g * sample_row_bytes(dims.rubric)
-        parsed = g * parsed_row_bytes(dims)
-        return RoundShapes(
-            sampling=(Sampling(Role.POLICY, "policy rollout", b, k, dims.policy_prompt, n),
-                      Sampling(Role.GENERATOR, "generator rollout", b, g, generator_prompt,
-                               dims.rubric)),
-            verification=(Verification("responses", b * k, prefix + n, branches, branch),
-                          Verification("anchors", b * dims.anchors, prefix + dims.anchor_len,
-                                       branches, branch)),
-            updates=trained_updates(config, {
-                Role.GENERATOR: (b * g, generator_prompt, dims.rubric, g),
-                Role.POLICY: (b * k, dims.policy_prompt, n, k)}),
-            reads={
-                "policy rollout": (),
-                "generator rollout": (Read(Role.POLICY, "prompts, responses, rng key",
-                                           question_row_bytes(dims) + responses, 8),),
-                "verifier": (Read(Role.POLICY, "questions, anchors, responses",
-                                  question_row_bytes(dims) + anchor_row_bytes(dims)
-                                  + responses),
-                             Read(Role.GENERATOR, "rubrics, parsed", rubrics + parsed)),
-                "generator update": (Read(Role.VERIFIER, "advantages", 4 * g),
-                                     Read(Role.POLICY, "rng key", 0, 8)),
-                "policy update": (Read(Role.VERIFIER, "advantages", 4 * k),),
-            })
 
 
 DYNAMIC_RUBRIC = DynamicRubric()

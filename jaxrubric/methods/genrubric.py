@@ -42,9 +42,7 @@ from jaxrubric.methods.data import (Frozen, Question, RoundBatch, RoundResult, R
 from jaxrubric.methods.method import Method, verifier_messages
 from jaxrubric.methods.round_config import RoundConfig
 from jaxrubric.methods.setup import RoundSetup
-from jaxrubric.methods.shapes import (Read, RoundDims, RoundShapes, Sampling, Verification,
-                                      check_micro_batches, config_dims, parsed_row_bytes,
-                                      question_row_bytes, sample_row_bytes, trained_updates)
+from jaxrubric.methods.shapes import check_micro_batches
 from jaxrubric.methods.keys import SHUFFLE_STREAM, RoundKey, update_keys
 from jaxrubric.methods.steps import Rubrics, judge_answers, text_lengths, write_rubrics
 from jaxrubric.methods.update import UpdateInputs, update
@@ -311,7 +309,7 @@ def judge(setup: RoundSetup, verifier_params: nnx.State, question: Question,
     verifier = nnx.merge(setup.graph(Role.VERIFIER), verifier_params)
     item_valid = parsed.valid & parsed.complete[..., None]
     verdicts = judge_answers(setup, verifier, question, induced.responses.tokens,
-                             induced.text_len, parsed, item_valid)
+                             induced.text_len, parsed, item_valid, "induced responses")
     return Judged(verdicts, item_valid, gr.group_scores(verdicts, parsed.weights, item_valid))
 
 
@@ -507,6 +505,7 @@ class GenRubric(Method):
     # on the host; `evaluate` is the device part. (A method without `held_out` evaluates on
     # anchor lists, as DynamicRubric does.)
     held_out: ClassVar[type[ExpertRows]] = ExpertRows
+    rollout_labels: ClassVar[Mapping[str, str]] = {"induce": "induced responses"}
     round_config: ClassVar[type[GenRubricConfig]] = GenRubricConfig
 
     def check_config(self, config: Any) -> None:
@@ -523,7 +522,9 @@ class GenRubric(Method):
                 raise ValueError(f"config.{key} is supported by the dynamic_rubric method only")
         eval_prompts = (config.data.eval_batch_size or config.data.batch_size
                         if config.data.eval else None)
-        check_micro_batches(rc, self.round_shapes(rc, config_dims(config, self.weights)),
+        b, g, n = config.data.batch_size, rc.num_rubrics, rc.induced_responses
+        check_micro_batches(rc, {Role.GENERATOR: b, Role.POLICY: b * g},
+                            {Role.GENERATOR: (b * g, g), Role.POLICY: (b * g * n, n)},
                             eval_prompts)
 
     def check_round(self, config, oracle_reward):
@@ -554,38 +555,6 @@ class GenRubric(Method):
             "verifier": verifier_messages(style),
             "induced": (tpl.induced_response_messages(mark("prompt"), mark("rubric"),
                                                       style=style), ("rubric", "prompt"))}
-
-    def round_shapes(self, config: GenRubricConfig, dims: RoundDims) -> RoundShapes:
-        b, g, n = dims.batch, config.num_rubrics, config.response_tokens
-        per_group = config.induced_responses
-        generator_prompt = dims.generator_constant + dims.question
-        policy_prompt = dims.induced_constant + dims.rubric + dims.question
-        prefix = dims.verifier_head + dims.question
-        question = question_row_bytes(dims)
-        rubrics = g * sample_row_bytes(dims.rubric)
-        parsed = g * parsed_row_bytes(dims)
-        induced = g * (5 * policy_prompt + 4 + per_group * (sample_row_bytes(n) + 4))
-        return RoundShapes(
-            sampling=(Sampling(Role.GENERATOR, "generator rollout", b, g, generator_prompt,
-                               dims.rubric),
-                      Sampling(Role.POLICY, "policy rollout (induced responses)", b * g,
-                               per_group, policy_prompt, n)),
-            verification=(Verification("induced responses", b * g * per_group, prefix + n,
-                                       g * dims.items, dims.item_tokens + dims.readout_suffix),),
-            updates=trained_updates(config, {
-                Role.GENERATOR: (b * g, generator_prompt, dims.rubric, g),
-                Role.POLICY: (b * g * per_group, policy_prompt, n, per_group)}),
-            reads={
-                "generator rollout": (Read(Role.POLICY, "prompts, rng key", question, 8),),
-                "policy rollout": (Read(Role.GENERATOR, "rubrics", rubrics),),
-                "verifier": (Read(Role.POLICY, "prompts, induced prompts and responses",
-                                  question + induced),
-                             Read(Role.GENERATOR, "rubrics, parsed", rubrics + parsed)),
-                "generator update": (Read(Role.VERIFIER, "token advantages",
-                                          4 * g * dims.rubric),
-                                     Read(Role.POLICY, "rng key", 0, 8)),
-                "policy update": (Read(Role.VERIFIER, "advantages", 4 * g * per_group),),
-            })
 
 
 GENRUBRIC = GenRubric()

@@ -1,6 +1,7 @@
 """The `Method` interface: everything that differs between DynamicRubric and GenRubric. Each
 method (`dynamic_rubric.py`, `genrubric.py`) is one: its checks, its setup, its round in
-data-flow order, its held-out evaluation and a description of its stages' shapes."""
+data-flow order (whose stages' shapes are read by tracing it, `shapes.traced_shapes`) and its
+held-out evaluation."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import jax
 from jaxrubric.methods.data import Frozen, RoundBatch, RoundResult, RoundState
 from jaxrubric.methods.round_config import RoundConfig
 from jaxrubric.methods.setup import Models, Optimizers, RoundSetup, setup_fields
-from jaxrubric.methods.shapes import RoundDims, RoundShapes
+from jaxrubric.methods.shapes import RoundShapes, traced_shapes
 from jaxrubric.rubric import grammar as grammar_lib
 from jaxrubric.rubric import templates as tpl
 
@@ -38,6 +39,9 @@ class Method(abc.ABC):
     # Its held-out data when it is not anchor lists (GenRubric: expert-rubric rows): a type
     # with `from_config(config, tokenizer)` (`jaxrubric.eval.expert_agreement.ExpertRows`).
     held_out: ClassVar[Any] = None
+    # What a stage's rollout samples, by stage name, where the plan tells a role's rollouts
+    # apart (GenRubric's policy samples induced responses).
+    rollout_labels: ClassVar[Mapping[str, str]] = {}
 
     def check_config(self, config: Any) -> None:
         """The method's own checks of a training config (`ml_collections`), before any model
@@ -92,6 +96,8 @@ class Method(abc.ABC):
         """The same templates as chat messages with slot markers, and their slots in order:
         for estimating their lengths without a tokenizer (`jaxrubric plan`)."""
 
-    @abc.abstractmethod
-    def round_shapes(self, config: RoundConfig, dims: RoundDims) -> RoundShapes:
-        """Every stage of the round with its global shapes, in the order the round runs."""
+    def round_shapes(self, setup: RoundSetup, state: RoundState, frozen: Frozen,
+                     batch: RoundBatch, rng: Any) -> RoundShapes:
+        """Every stage of the round with its global shapes, in the order the round runs, read
+        from the round traced on inputs of these shapes (never run)."""
+        return traced_shapes(self.round, setup, state, frozen, batch, rng, self.rollout_labels)

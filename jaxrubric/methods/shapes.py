@@ -1,51 +1,24 @@
-"""A round's stages and their global shapes, as each method describes them (`Method.round_shapes`):
-what FLOPs (`jaxrubric.flops`), `jaxrubric plan` and the micro-batch checks read."""
+"""A round's stages and their global shapes, read from the stages themselves: the round traced on
+abstract inputs (`jax.eval_shape`, never run) under a placement that notes each stage it calls,
+what goes in and what comes out (`traced_shapes`). Its rollouts, verifier passes and updates,
+and what each stage reads from another role's devices, are what FLOPs (`jaxrubric.flops`) and
+`jaxrubric plan` count: a stage added or changed reaches them with no description beside it."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextvars
+import inspect
+import math
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
+import jax
+
+from jaxrubric import placement, sampling
+from jaxrubric.methods.data import Frozen, PolicyPrompt, RoundBatch, RoundState
 from jaxrubric.methods.round_config import RoundConfig
-from jaxrubric.methods.setup import RoundSetup
 from jaxrubric.roles import TRAINED, Role
-from jaxrubric.rubric import grammar as grammar_lib
 from jaxrubric.rubric import templates as tpl
-
-
-class RoundDims(NamedTuple):
-    """The static lengths a round's shapes follow from, besides its `RoundConfig`: the batch's
-    array widths, the grammar's and the templates' constant lengths."""
-
-    batch: int  # B prompts
-    question: int  # Lq
-    policy_prompt: int  # Lp, the chat-formatted policy prompt (DynamicRubric)
-    anchors: int  # n anchor answers per prompt
-    anchor_len: int  # La
-    rubric: int  # the grammar's longest rubric (sampled rubric tokens)
-    items: int  # M item slots per rubric
-    item_tokens: int  # Li
-    generator_constant: int  # the generator template's constant tokens
-    verifier_head: int  # the verifier template's constant tokens before the response slot
-    readout_suffix: int  # the verifier's answer suffix after each item
-    induced_constant: int = 0  # GenRubric's induced-response template's constant tokens
-
-
-def round_dims(setup: RoundSetup, batch_shapes: Mapping[str, tuple[int, ...]]) -> RoundDims:
-    """The dims of `setup`'s round on a batch whose arrays have these shapes (`question`
-    `[B, Lq]`, `policy` `[B, Lp]`, `anchors` `[B, n, La]`)."""
-    batch, question = batch_shapes["question"]
-    _, anchors, anchor_len = batch_shapes["anchors"]
-    grammar = setup.grammar
-    return RoundDims(
-        batch=batch, question=question, policy_prompt=batch_shapes["policy"][1],
-        anchors=anchors, anchor_len=anchor_len, rubric=grammar.max_rubric_tokens,
-        items=grammar.max_items, item_tokens=grammar.max_item_tokens,
-        generator_constant=setup.generator_template.constant_length,
-        verifier_head=setup.verifier_template.head(2).constant_length,
-        readout_suffix=len(setup.readout.suffix),
-        induced_constant=(0 if setup.induced_template is None
-                          else setup.induced_template.constant_length))
 
 
 class Sampling(NamedTuple):
@@ -94,7 +67,8 @@ class Update(NamedTuple):
 
 
 class Read(NamedTuple):
-    """What a stage reads from another role's mesh: per prompt, and replicated (bytes)."""
+    """What a stage reads from another role's devices, by its parameters' names: bytes per
+    prompt of the batch (arrays with a row per prompt) and replicated (the rest)."""
 
     source: Role
     what: str
@@ -103,78 +77,181 @@ class Read(NamedTuple):
 
 
 class RoundShapes(NamedTuple):
-    """The stages of one round in the order they run, with their global shapes: the one
-    description FLOPs (`plan.flops`), memory plans and micro-batch checks read."""
+    """The stages of one round in the order they run, with their global shapes."""
 
     sampling: tuple[Sampling, ...]
     verification: tuple[Verification, ...]
-    updates: tuple[Update, ...]  # the roles this run trains, generator first
-    reads: Mapping[str, tuple[Read, ...]]  # stage key (`plan` names) -> inputs it reads
+    updates: tuple[Update, ...]  # the roles the compiled round updates, generator first
+    reads: Mapping[tuple[Role, int], tuple[Read, ...]]  # stage program (role, keep) -> reads
 
 
-def sample_row_bytes(length: int) -> int:
-    """One sample of `sampling.SampleResult`: int32 tokens, float32 log-probs and sampling
-    log-probs, an int32 length and a bool `finished`."""
-    return 12 * length + 5
+_PASSES: contextvars.ContextVar[list[Verification] | None] = contextvars.ContextVar(
+    "passes", default=None)
 
 
-def parsed_row_bytes(dims: RoundDims) -> int:
-    """One rubric of `grammar.ParsedRubric`: int32 item tokens, lengths and weights, bool
-    validity per item, an int32 item per rubric token and a bool `complete`."""
-    m, li = dims.items, dims.item_tokens
-    return 4 * m * li + 9 * m + 4 * dims.rubric + 1
+def verified(name: str, rows: int, prefix_len: int, branches: int, branch_len: int) -> None:
+    """Notes a verifier pass while a round is traced for its shapes (else nothing): the passes
+    run inside a stage, so its inputs and outputs alone do not show them."""
+    passes = _PASSES.get()
+    if passes is not None:
+        passes.append(Verification(name, rows, prefix_len, branches, branch_len))
 
 
-def batch_row_bytes(dims: RoundDims) -> int:
-    """One row of `encode_batch`'s arrays: int32 tokens and lengths, bool masks."""
-    return (4 * (dims.question + 1) + 5 * dims.policy_prompt + 4
-            + anchor_row_bytes(dims))
+class _StageCall(NamedTuple):
+    role: Role
+    stage: str
+    keep: int
+    args: tuple[Any, ...]
+    out: Any
 
 
-def question_row_bytes(dims: RoundDims) -> int:
-    """One row of a `Question`: int32 tokens and length."""
-    return 4 * (dims.question + 1)
+def _prompt(tree: Any) -> tpl.Packed | PolicyPrompt | None:
+    """The first prompt (`Packed` or `PolicyPrompt`) in `tree`."""
+    found = [x for x in jax.tree.leaves(tree, is_leaf=_is_prompt) if _is_prompt(x)]
+    return found[0] if found else None
 
 
-def anchor_row_bytes(dims: RoundDims) -> int:
-    """One row of `Anchors`: int32 tokens, lengths and ranks, a bool mask per answer."""
-    return dims.anchors * (4 * dims.anchor_len + 4 + 1 + 4)
+def _is_prompt(x: Any) -> bool:
+    return isinstance(x, (tpl.Packed, PolicyPrompt))
 
 
-def config_dims(config: Any, weights: Sequence[int],
-                templates: Mapping[str, tpl.TokenTemplate] | None = None) -> RoundDims:
-    """The dims of a training config's round (`ml_collections`): its data widths, the grammar
-    of a method's rubric `weights` and, when given, the templates' constant lengths (else 0:
-    enough for checks that count rows)."""
-    d, r = config.data, config.rubric
-
-    def constant(name: str, head: int | None = None) -> int:
-        if templates is None or name not in templates:
-            return 0
-        template = templates[name] if head is None else templates[name].head(head)
-        return template.constant_length
-
-    return RoundDims(
-        batch=d.batch_size, question=d.prompt_tokens, policy_prompt=d.policy_tokens,
-        anchors=d.num_anchors, anchor_len=d.anchor_tokens,
-        rubric=grammar_lib.max_rubric_tokens(weights, r.max_items, r.max_item_tokens),
-        items=r.max_items, item_tokens=r.max_item_tokens,
-        generator_constant=constant("generator"), verifier_head=constant("verifier", 2),
-        readout_suffix=0 if templates is None else len(templates["verifier"].segments[-1]),
-        induced_constant=constant("induced"))
+def _rows(x: Any) -> int:
+    return math.prod(x.shape[:-1])
 
 
-def check_micro_batches(config: RoundConfig, shapes: RoundShapes,
+def _nbytes(x: Any) -> int:
+    return math.prod(x.shape) * x.dtype.itemsize
+
+
+class _Tracer:
+    """A `placement.Placement` that runs each stage inline, notes its call, skips the updates
+    (`keep` stages: their inputs are their shapes, their state comes back as it went in) and
+    remembers which role's devices each array lives on."""
+
+    def __init__(self) -> None:
+        self.calls: list[_StageCall] = []
+        self.home: dict[int, Role] = {}
+        self.held: list[Any] = []  # what `home` names stays alive, so no id is reused
+        self.read: dict[tuple[Role, int], dict[int, tuple[str, Role, Any]]] = {}
+
+    def hold(self, role: Role, *trees: Any) -> None:
+        """`trees`' arrays live on `role`'s devices."""
+        for leaf in jax.tree.leaves(trees):
+            self.home[id(leaf)] = role
+            self.held.append(leaf)
+
+    def __call__(self, role: Role, stage: Callable[..., Any], setup: Any, *args: Any,
+                 keep: int = 0) -> Any:
+        names = list(inspect.signature(stage).parameters)[1:]
+        for name, arg in zip(names, args):
+            for leaf in jax.tree.leaves(arg):
+                # A value computed between stages lives where the batch and the key do.
+                source = self.home.get(id(leaf), Role.POLICY)
+                if source != role:
+                    self.read.setdefault((role, keep), {}).setdefault(
+                        id(leaf), (name, source, leaf))
+        out = (*args[:keep], {}) if keep else stage(setup, *args)
+        self.hold(role, out)
+        self.calls.append(_StageCall(role, getattr(stage, "__name__", ""), keep, args, out))
+        return out
+
+    def reads(self, prompts: int) -> dict[tuple[Role, int], tuple[Read, ...]]:
+        """Per stage program, what it reads from each other role: per prompt and replicated."""
+        out = {}
+        for program, read in self.read.items():
+            by_source: dict[Role, list[tuple[str, Any]]] = {}
+            for name, source, leaf in read.values():
+                by_source.setdefault(source, []).append((name, leaf))
+            out[program] = tuple(_read(source, leaves, prompts)
+                                 for source, leaves in by_source.items())
+        return out
+
+
+def _read(source: Role, leaves: list[tuple[str, Any]], prompts: int) -> Read:
+    per_prompt = replicated = 0
+    for _, leaf in leaves:
+        if leaf.ndim and leaf.shape[0] == prompts:
+            per_prompt += _nbytes(leaf) // prompts
+        else:
+            replicated += _nbytes(leaf)
+    return Read(source, ", ".join(dict.fromkeys(name for name, _ in leaves)), per_prompt,
+                replicated)
+
+
+def _sampling(call: _StageCall, labels: Mapping[str, str]) -> Sampling | None:
+    """The rollout of a stage that samples: its `SampleResult` after its prompt (one it
+    returns, else one it is given)."""
+    found = [x for x in jax.tree.leaves(call.out, is_leaf=_is_sample) if _is_sample(x)]
+    prompt = _prompt(call.out) or _prompt(call.args)
+    if not found or prompt is None:
+        return None
+    samples, prompts = found[0].tokens, _rows(prompt.tokens)
+    label = labels.get(call.stage)
+    return Sampling(call.role, f"{call.role} rollout" + (f" ({label})" if label else ""),
+                    prompts, _rows(samples) // prompts, prompt.tokens.shape[-1],
+                    samples.shape[-1])
+
+
+def _is_sample(x: Any) -> bool:
+    return isinstance(x, sampling.SampleResult)
+
+
+def _update(call: _StageCall) -> Update:
+    """A role's update from `methods.update.role_update`'s inputs: a prompt `[B, P]` under
+    samples `[B, S, L]`, or a prompt per sample `[B, S, P]`."""
+    prompt, samples = call.args[3], call.args[5].tokens
+    group = samples.shape[1] if prompt.ndim == 2 else 1
+    return Update(call.role, _rows(samples), prompt.shape[-1], samples.shape[-1], group)
+
+
+def traced_shapes(round_fn: Callable[..., Any], setup: Any, state: RoundState, frozen: Frozen,
+                  batch: RoundBatch, rng: Any, labels: Mapping[str, str] | None = None
+                  ) -> RoundShapes:
+    """The shapes of `round_fn(setup, state, frozen, batch, rng)` (a `Method.round`) on inputs of
+    these shapes (arrays or `jax.ShapeDtypeStruct`s), traced, never run. `labels`: stage name
+    -> what its rollout samples, when a role has more than one kind (`Method.rollout_labels`).
+    Reads are counted as training places the inputs (`train.CoevolveTask`): the batch and the
+    key with the policy, each role's weights with it."""
+    tracer = _Tracer()
+    passes: list[Verification] = []
+
+    def traced(state: RoundState, frozen: Frozen, batch: RoundBatch, rng: Any) -> None:
+        tracer.hold(Role.POLICY, batch, rng, state.policy, state.round, frozen.policy_ref,
+                    frozen.policy_base, frozen.switches)
+        tracer.hold(Role.GENERATOR, state.generator, frozen.generator_ref,
+                    frozen.generator_base, frozen.generator_explorer)
+        tracer.hold(Role.VERIFIER, frozen.verifier)
+        with placement.running(tracer):
+            round_fn(setup, state, frozen, batch, rng)
+
+    token = _PASSES.set(passes)
+    try:
+        jax.eval_shape(traced, state, frozen, batch, rng)
+    finally:
+        _PASSES.reset(token)
+    rollouts = [_sampling(c, labels or {}) for c in tracer.calls if not c.keep]
+    updates = {c.role: _update(c) for c in tracer.calls if c.keep}
+    return RoundShapes(tuple(s for s in rollouts if s is not None), tuple(passes),
+                       tuple(updates[r] for r in TRAINED if r in updates),
+                       tracer.reads(batch.question.tokens.shape[0]))
+
+
+def check_micro_batches(config: RoundConfig, rollout_prompts: Mapping[Role, int],
+                        updates: Mapping[Role, tuple[int, int]],
                         eval_prompts: int | None = None) -> None:
     """Micro-batches split rows into equal static shapes: `update_micro_batches` must divide
-    every update's rows, `rollout_micro_batches` every rollout's prompts (the training batch's
-    and, when there is one, the held-out batch's `eval_prompts`: `eval_micro_batches` when
-    set)."""
-    checks = [("update_micro_batches", u.micro_batch_units(config),
-               f"the {u.role} update's {'prompts (share_prefix)' if u.shared(config) else 'rows'}")
-              for u in shapes.updates]
-    checks += [("rollout_micro_batches", s.prompts, f"the {s.role}'s rollout prompts")
-               for s in shapes.sampling]
+    every update's rows (`role -> (rows, group)`: prompts with `share_prefix`),
+    `rollout_micro_batches` every rollout's prompts (the training batch's and, when there is
+    one, the held-out batch's `eval_prompts`: `eval_micro_batches` when set)."""
+    checks = []
+    for role, (rows, group) in updates.items():
+        if config.compiled_out(role):
+            continue
+        shared = config.share_prefix and group > 1
+        checks.append(("update_micro_batches", rows // group if shared else rows,
+                       f"the {role} update's {'prompts (share_prefix)' if shared else 'rows'}"))
+    checks += [("rollout_micro_batches", prompts, f"the {role}'s rollout prompts")
+               for role, prompts in rollout_prompts.items()]
     if eval_prompts is not None:
         checks.append(("eval_micro_batches" if config.eval_micro_batches
                        else "rollout_micro_batches", eval_prompts,
@@ -183,13 +260,3 @@ def check_micro_batches(config: RoundConfig, shapes: RoundShapes,
         count = getattr(config, key)
         if rows % count:
             raise ValueError(f"config.round.{key}={count} must divide {what}, {rows}")
-
-
-def trained_updates(cfg: RoundConfig, rows: Mapping[Role, tuple[int, ...]]
-                    ) -> tuple[Update, ...]:
-    """The `Update`s the compiled round holds, generator first, from `role -> (rows,
-    prompt_len, completion_len[, group])`: the roles this run trains, and with
-    `runtime_switches` a frozen role's too (its update is compiled and skipped at run time, so
-    it takes memory and fixes micro-batch shapes but does no work: `flops` leaves it out)."""
-    return tuple(Update(role, *rows[role]) for role in TRAINED if not cfg.compiled_out(role))
-

@@ -3,12 +3,14 @@ writing its share), and the verifier judging answers under them."""
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from jaxrubric import sampling
+from jaxrubric.methods import shapes
 from jaxrubric.methods.data import Question
 from jaxrubric.methods.setup import RoundSetup
 from jaxrubric.models.transformer import Decoder
@@ -54,12 +56,16 @@ def text_lengths(samples: sampling.SampleResult) -> jax.Array:
 
 
 def judge_answers(setup: RoundSetup, verifier: Decoder, question: Question, answers: jax.Array,
-                  answer_len: jax.Array, parsed: grammar_lib.ParsedRubric, item_valid: jax.Array
-                  ) -> jax.Array:
+                  answer_len: jax.Array, parsed: grammar_lib.ParsedRubric, item_valid: jax.Array,
+                  name: str) -> jax.Array:
     """Verdicts `[B, N, G, M]` of answers `[B, N, L]` under every valid item: one tree forward
-    per (question, answer); 0/1, or p_yes with `soft_verdicts`."""
+    per (question, answer); 0/1, or p_yes with `soft_verdicts`. `name` says what is judged
+    (the pass's name where the round's shapes are read, `shapes.verified`)."""
     prefix = ver.verifier_prefix(setup.verifier_template, question.tokens, question.lengths,
                                  answers, answer_len, pad_id=setup.pad_id)
+    items = parsed.items.shape
+    shapes.verified(name, math.prod(answers.shape[:-1]), prefix.tokens.shape[-1],
+                    items[-3] * items[-2], items[-1] + len(setup.readout.suffix))
     out = ver.verify(verifier, setup.readout, prefix.tokens, prefix.lengths, parsed.items,
                      parsed.item_lengths, item_valid, pad_id=setup.pad_id,
                      micro_batches=setup.config.rollout_micro_batches)

@@ -6,7 +6,8 @@ config alone, in seconds on a laptop CPU: no weights are loaded and no devices o
 mesh are needed. Parameter shapes and their `logical_axes` come from the real model code
 (`nnx.eval_shape` of `Decoder`), their per-device shards from `sharding.logical_to_spec` on an
 abstract mesh, optimiser state from `optax`'s own `init` evaluated on those shards, and the
-round's stages from its method (`Method.round_shapes`), so a method's plan is its own.
+round's stages from its method's round itself, traced on those shapes (`Method.round_shapes`,
+`plan.shapes`), so a method's plan is its own.
 
 Memory is counted in two kinds:
 

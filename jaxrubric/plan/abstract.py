@@ -8,14 +8,14 @@ its parameters placed by the sharding rules, the optimiser state `optax` would m
 the references in the dtype `train.reference_params` keeps, the batch as `encode_batch` lays
 it out. The setup (templates, grammar, readout) needs a tokenizer: the recipe's own when it
 can be read offline; else a stand-in, the tiny tokenizer the repository ships, whose
-templates are replaced by the plan's estimates (`plan.shapes`), so that the compiled shapes
+templates are replaced by the plan's estimates (`plan.templates`), so that the compiled shapes
 are the ones the plan counts. Token ids are then placeholders: only shapes reach the compiler.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -29,7 +29,7 @@ from jaxrubric import placement
 from jaxrubric import sharding as shd
 from jaxrubric.config import role_lora, round_config
 from jaxrubric.methods import get_method
-from jaxrubric.methods.batches import encode_batch
+from jaxrubric.methods.batches import batch_shapes
 from jaxrubric.methods.data import Frozen, RoleState, RoundBatch, RoundState
 from jaxrubric.methods.method import Method
 from jaxrubric.methods.setup import RoundSetup
@@ -38,7 +38,7 @@ from jaxrubric.models.hf import load_tokenizer
 from jaxrubric.models.transformer import Decoder
 from jaxrubric.plan.errors import PlanError
 from jaxrubric.plan.models import load_tokenizer_offline, role_model_config, tokenizer_source
-from jaxrubric.plan.shapes import round_templates
+from jaxrubric.plan.templates import round_templates
 from jaxrubric.roles import ROLES, TRAINED, Role
 from jaxrubric.rubric import verifier as ver
 from jaxrubric.train import make_optimizer
@@ -124,12 +124,8 @@ def abstract_batch(config: ml_collections.ConfigDict, tokenizer: Any, mesh: Mesh
                    ) -> RoundBatch:
     """`CoevolveTask.batch`'s arrays as shapes: `encode_batch`'s layout (read from an empty
     batch) at the config's batch size, split over the mesh's batch axes."""
-    d = config.data
-    empty = encode_batch(tokenizer, [], [], prompt_tokens=d.prompt_tokens,
-                         policy_tokens=d.policy_tokens, anchor_tokens=d.anchor_tokens,
-                         num_anchors=d.num_anchors)
-    return jax.tree.map(lambda x: _sds((d.batch_size, *x.shape[1:]), x.dtype,
-                                       shd.batch_sharding(mesh, x.ndim)), empty)
+    return jax.tree.map(lambda x: _sds(x.shape, x.dtype, shd.batch_sharding(mesh, x.ndim)),
+                        batch_shapes(tokenizer, config.data))
 
 
 def _tokenizer(config: ml_collections.ConfigDict) -> tuple[Any, str]:
@@ -147,10 +143,11 @@ def _tokenizer(config: ml_collections.ConfigDict) -> tuple[Any, str]:
         "tokenizer; only shapes reach the compiler")
 
 
-def abstract_round(config: ml_collections.ConfigDict, devices: Sequence[jax.Device]
-                   ) -> AbstractRound:
-    """The round of `config` on `devices`, as `train.CoevolveTask` would build it, in shapes."""
-    if config.oracle:
+def abstract_round(config: ml_collections.ConfigDict, devices: Sequence[jax.Device],
+                   oracle_reward: Callable[..., jax.Array] | None = None) -> AbstractRound:
+    """The round of `config` on `devices`, as `train.CoevolveTask` would build it, in shapes;
+    a config that names an oracle needs its reward function (`oracle_reward`)."""
+    if config.oracle and oracle_reward is None:
         raise PlanError(f"config.oracle={config.oracle!r} needs its reward function: compile "
                         "a config without an oracle")
     method = get_method(config.method)
@@ -167,7 +164,7 @@ def abstract_round(config: ml_collections.ConfigDict, devices: Sequence[jax.Devi
         rc, tokenizer, models, optimizers={r: make_optimizer(config, r) for r in TRAINED},
         max_items=config.rubric.max_items, max_item_tokens=config.rubric.max_item_tokens,
         chat_template_kwargs=dict(config.chat_template_kwargs) or None,
-        template_style=config.rubric.template_style)
+        template_style=config.rubric.template_style, oracle_reward=oracle_reward)
     if note:
         estimated = round_templates(config, method, None)
         setup = dataclasses.replace(

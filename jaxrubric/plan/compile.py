@@ -25,7 +25,6 @@ from jax.sharding import Mesh
 
 from jaxrubric import flops, placement
 from jaxrubric.methods.programs import round_program
-from jaxrubric.methods.shapes import round_dims
 from jaxrubric.models.config import ModelConfig
 from jaxrubric.plan import hlo_cost
 from jaxrubric.plan.abstract import AbstractRound, abstract_round
@@ -202,10 +201,8 @@ def compiled_memory(config: ml_collections.ConfigDict,
 def _model_flops(built: AbstractRound) -> dict[str, Work]:
     """The round's model FLOPs (what training's MFU counts, `jaxrubric.flops`) and its work
     done once (`Work`), per stage program (`meshes.stage_key`)."""
-    setup, batch = built.setup, built.batch
-    shapes = built.method.round_shapes(setup.config, round_dims(setup, {
-        "question": batch.question.tokens.shape, "policy": batch.policy.tokens.shape,
-        "anchors": batch.anchors.tokens.shape}))
+    setup = built.setup
+    shapes = built.method.round_shapes(setup, built.state, built.frozen, built.batch, built.rng)
     out: dict[str, Work] = {}
     for name, value in flops.round_flops_by_stage(built.configs, setup.config, shapes).items():
         role, kind = name.split("/")

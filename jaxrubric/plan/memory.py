@@ -1,7 +1,7 @@
 """The per-device memory plan of one round: what each mesh holds through the round (state) and
-what each of its stages needs on top (phases), from the stages its method describes
-(`Method.round_shapes`: rollouts, verifier passes, updates, and what each reads from another
-role's mesh)."""
+what each of its stages needs on top (phases), from the shapes of the round's stages as its
+code makes them (`plan.shapes`: rollouts, verifier passes, updates, and what each reads from
+another role's mesh)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,8 @@ import ml_collections
 
 from jaxrubric import sharding as shd
 from jaxrubric.config import role_lora, round_config
-from jaxrubric.methods import get_method
 from jaxrubric.methods.round_config import RoundConfig
-from jaxrubric.methods.shapes import RoundDims, RoundShapes, batch_row_bytes
+from jaxrubric.methods.shapes import RoundShapes
 from jaxrubric.models import attention
 from jaxrubric.models.attention import cudnn
 from jaxrubric.models.config import ModelConfig
@@ -26,7 +25,8 @@ from jaxrubric.plan.models import (RoleParams, load_tokenizer_offline, optimizer
                                    role_model_config, role_params, tokenizer_source)
 from jaxrubric.plan.phases import (Local, Phase, rollout_phase, rows_per_device, update_phase,
                                    verifier_phase, with_inputs)
-from jaxrubric.plan.shapes import CHARS_PER_TOKEN, round_shapes
+from jaxrubric.plan.shapes import RoundDims, round_shapes
+from jaxrubric.plan.templates import CHARS_PER_TOKEN
 from jaxrubric.roles import ROLES, TRAINED, Role
 
 Moved = Mapping[str, list[tuple[str, int]]]  # stage key -> (label, bytes per device)
@@ -60,7 +60,7 @@ def state_items(config: ml_collections.ConfigDict, params: Mapping[Role, RolePar
     if Role.POLICY in roles:  # the batch is placed on the policy's mesh
         # + the rng key (2 x uint32) and the int32 round counter
         items.append(("batch, rng, round counter",
-                      rows_per_device(dims.batch, ways) * batch_row_bytes(dims) + 8 + 4))
+                      rows_per_device(dims.batch, ways) * dims.batch_row_bytes + 8 + 4))
     return items
 
 
@@ -72,9 +72,8 @@ def moved_inputs(shapes: RoundShapes, dims: RoundDims, owners: Mapping[Role, Rol
     mesh (roles sharing one name the same role), `ways[role]` its batch ways. Empty lists when
     every role is on one mesh."""
     moved = {}
-    for stage, reads in shapes.reads.items():
-        role = stage_role(stage)
-        moved[stage] = [
+    for (role, keep), reads in shapes.reads.items():
+        moved[stage_key(role, keep)] = [
             (f"moved from the {read.source}'s mesh: {read.what}",
              rows_per_device(dims.batch, ways[role]) * read.bytes_per_prompt
              + read.bytes_replicated)
@@ -230,7 +229,7 @@ def plan_memory(config: ml_collections.ConfigDict, device_memory: int, *, headro
         lora = role_lora(config, role) if role in TRAINED else None
         params[role] = role_params(*role_model_config(config[role], tokenizer, mesh, source, lora),
                                    mesh)
-    dims, shapes = round_shapes(config, get_method(config.method), tokenizer)
+    dims, shapes = round_shapes(config)
     loc = {role: Local.of(params[role], meshes[role][0]["tensor"],
                           attention_backend(params[role].config, platform)) for role in ROLES}
     usable = int(device_memory * (1 - headroom))

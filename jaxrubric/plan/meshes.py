@@ -72,8 +72,8 @@ def mesh_name(roles: Sequence[str]) -> str:
 
 
 def stage_key(role: str, keep: int) -> str:
-    """The plan's name of a stage program (`placement.Placement`'s `role` and `keep`), as
-    `RoundShapes.reads` keys them: a role's update keeps its state; the verifier's programs
+    """The plan's name of a stage program, from `placement.Placement`'s `role` and `keep` (the
+    keys of `RoundShapes.reads`): a role's update keeps its state; the verifier's programs
     (judge, reward) are one plan stage; the other stages are the roles' rollouts."""
     if keep:
         return f"{role} update"

@@ -1,59 +1,57 @@
-"""The round's shapes from a config alone: the method's templates, tokenised when the tokenizer
-can be read offline, else estimated from their text, then `methods.shapes.config_dims` and the
-method's own `round_shapes`, as training builds them.
-
-An estimate counts `CHARS_PER_TOKEN` characters per token plus the chat template's turn
-markers; the plan says when it estimated. Those templates are a few hundred tokens next to
-prompts and responses of thousands.
-"""
+"""The round's shapes from a config alone: the round built from shapes as training builds it
+(`plan.abstract`, on one device: no stage's shapes depend on the mesh) and traced, never run
+(`Method.round_shapes`), giving its rollouts, verifier passes and updates in the order they run
+and what each stage program reads from another role's mesh. The plan keeps only the formulas
+that turn them into bytes (`plan.phases`, `plan.memory`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import functools
+import json
+import math
+from typing import NamedTuple
 
+import jax
+import jax.numpy as jnp
 import ml_collections
 
-from jaxrubric.config import round_config
-from jaxrubric.methods.method import Method
-from jaxrubric.methods.shapes import RoundDims, RoundShapes, config_dims
-from jaxrubric.rubric import templates as tpl
-
-CHARS_PER_TOKEN = 4  # English prose under a 128k-150k BPE vocabulary: about 4 characters
-CHAT_HEAD_TOKENS = 32  # chat-template tokens before the user text (Llama 3.1 adds a system turn)
-CHAT_TAIL_TOKENS = 16  # end of turn + assistant header (+ Qwen3's empty think block)
+from jaxrubric.methods.shapes import RoundShapes
+from jaxrubric.plan.abstract import abstract_round
+from jaxrubric.roles import ROLES
 
 
-def estimated_template(messages: list[dict[str, str]], slots: Sequence[str]
-                       ) -> tpl.TokenTemplate:
-    """A `TokenTemplate` whose constant segments have the estimated token counts of the
-    plainly rendered text plus chat formatting (their ids are placeholders)."""
-    text = tpl.render_chat(None, messages)
-    pieces = []
-    for slot in slots:
-        head, text = text.split(tpl.slot_marker(slot), 1)
-        pieces.append(head)
-    pieces.append(text)
-    counts = [-(-len(p) // CHARS_PER_TOKEN) for p in pieces]
-    counts[0] += CHAT_HEAD_TOKENS
-    counts[-1] += CHAT_TAIL_TOKENS
-    return tpl.TokenTemplate(tuple(slots), tuple((0,) * n for n in counts), tuple(pieces))
+class RoundDims(NamedTuple):
+    """What the plan reads of the round's batch and grammar."""
+
+    batch: int  # B prompts
+    batch_row_bytes: int  # one prompt's row of the batch (`methods.batches.encode_batch`)
+    rubric: int  # the grammar's longest rubric
 
 
-def round_templates(config: ml_collections.ConfigDict, method: Method, tokenizer: Any
-                    ) -> dict[str, tpl.TokenTemplate]:
-    """The method's templates (`Method.templates`) with the real tokenizer when there is one,
-    else estimated from their messages (`Method.template_messages`)."""
-    rc, m, style = round_config(config), config.rubric.max_items, config.rubric.template_style
-    if tokenizer is not None:
-        return method.templates(rc, tokenizer, max_items=m, style=style,
-                                chat_template_kwargs=dict(config.chat_template_kwargs) or None)
-    return {name: estimated_template(messages, slots) for name, (messages, slots)
-            in method.template_messages(rc, max_items=m, style=style).items()}
+def _stand_in_oracle(tokens: jax.Array, lengths: jax.Array, question: object) -> jax.Array:
+    """A ground truth of the right shape, for a config that names one (`config.oracle`)."""
+    del lengths, question
+    return jnp.zeros(tokens.shape[:2], jnp.float32)
 
 
-def round_shapes(config: ml_collections.ConfigDict, method: Method, tokenizer: Any
-                 ) -> tuple[RoundDims, RoundShapes]:
-    """The round's dims and its stages' global shapes (`Method.round_shapes`)."""
-    dims = config_dims(config, method.weights, round_templates(config, method, tokenizer))
-    return dims, method.round_shapes(round_config(config), dims)
+def round_shapes(config: ml_collections.ConfigDict) -> tuple[RoundDims, RoundShapes]:
+    """The round's dims and its stages' global shapes. Cached: the plans of one config on
+    several meshes trace it once."""
+    one = config.copy_and_resolve_references()
+    with one.ignore_type():
+        one.mesh = ml_collections.ConfigDict({"data": 1, "fsdp": 1, "tensor": 1})
+        one.submeshes = ml_collections.ConfigDict(dict.fromkeys(ROLES, ""))
+    return _traced(one.to_json_best_effort(sort_keys=True))
+
+
+@functools.lru_cache(maxsize=16)
+def _traced(config_json: str) -> tuple[RoundDims, RoundShapes]:
+    config = ml_collections.ConfigDict(json.loads(config_json))
+    built = abstract_round(config, jax.devices()[:1],
+                           _stand_in_oracle if config.oracle else None)
+    shapes = built.method.round_shapes(built.setup, built.state, built.frozen, built.batch,
+                                       built.rng)
+    batch = built.batch.question.tokens.shape[0]
+    row_bytes = sum(math.prod(x.shape) * x.dtype.itemsize
+                    for x in jax.tree.leaves(built.batch)) // batch
+    return RoundDims(batch, row_bytes, built.setup.grammar.max_rubric_tokens), shapes
