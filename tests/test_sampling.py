@@ -51,8 +51,8 @@ def _teacher_forced_logprobs(model, prompt, completion):
 
 def test_samples_reading_the_prompt_once_equal_samples_on_their_own_copies(pair):
     """`Decoder.decode_step` (each prompt's cache once, each sample's own tokens apart) against
-    the plain cache: the prompt's cache copied for each sample, the step's token written into
-    the copy. Left-padded prompts of different lengths, three samples each, distinct tokens."""
+    the plain cache: each sample prefills its own copy of the prompt and writes its tokens
+    into it. Left-padded prompts of different lengths, three samples each, distinct tokens."""
     _, model = pair
     samples, steps = 3, 4
     ids, lengths = sampling.left_pad(PROMPTS, 16)
@@ -72,9 +72,10 @@ def test_samples_reading_the_prompt_once_equal_samples_on_their_own_copies(pair)
 
     @jax.jit
     def copied():
-        cache = KVCache.empty(model.config, len(PROMPTS), 16 + steps)
-        _, cache = model.hidden_states(ids, attention_mask=mask, cache=cache)
-        cache, out = cache.repeat(samples), []
+        cache = KVCache.empty(model.config, len(PROMPTS) * samples, 16 + steps)
+        _, cache = model.hidden_states(jnp.repeat(ids, samples, 0),
+                                       attention_mask=jnp.repeat(mask, samples, 0), cache=cache)
+        out = []
         for t in range(steps):
             hidden, cache = model.hidden_states(new[:, t:t + 1], positions=positions + t,
                                                 cache=cache)

@@ -80,12 +80,6 @@ class KVCache(NamedTuple):
         zeros = tuple(jnp.zeros(shape, jnp.dtype(config.dtype)) for _ in range(config.num_layers))
         return cls(zeros, zeros, jnp.zeros((batch, length), bool), np.zeros((), np.int32))
 
-    def repeat(self, times: int) -> "KVCache":
-        """Each row copied `times` times (consecutively): K samples continuing one prompt."""
-        rep = functools.partial(jnp.repeat, repeats=times, axis=0)
-        return KVCache(tuple(map(rep, self.k)), tuple(map(rep, self.v)), rep(self.valid),
-                       self.index)
-
 
 class SampleCache(NamedTuple):
     """The keys/values of the tokens decoded so far by S samples continuing each of B prompts:
