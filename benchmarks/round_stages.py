@@ -84,7 +84,7 @@ def trained_params(state: RoundState) -> dict:
             for role in TRAINED}
 
 
-# The tolerances of tests/test_placement.py (the sub-mesh round against the colocated one).
+# The tolerances of tests/methods/test_placement.py (the sub-mesh round against the colocated one).
 METRIC_RTOL, METRIC_ATOL, OUTPUT_RTOL, OUTPUT_ATOL = 1e-3, 1e-5, 1e-4, 1e-6
 UPDATE_RTOL = {Role.POLICY: 1e-3, Role.GENERATOR: 1e-2}
 
@@ -127,7 +127,7 @@ def compare_rounds(steps: dict, state: RoundState, batch, rng) -> str:
                f"(rel {METRIC_RTOL:g} / abs {METRIC_ATOL:g}), sampled tokens (exact), scores "
                f"(rel {OUTPUT_RTOL:g})")
     moved = ("each trained role's update minus the one-program update, relative to its size: "
-             + ", ".join(updates) + " (tests/test_placement.py allows "
+             + ", ".join(updates) + " (tests/methods/test_placement.py allows "
              + ", ".join(f"{r} {t:g}" for r, t in UPDATE_RTOL.items()) + ")")
     if problems:
         return f"The two forms DIFFER ({checked}): " + "; ".join(problems) + f". {moved}."

@@ -31,8 +31,8 @@ from jaxrubric import sharding as shd  # noqa: E402
 
 
 # The two longest tests (the toy worlds).
-WORLD_TESTS = ("tests/test_genrubric_toy.py::test_the_world",
-               "tests/test_toy_world.py::test_toy_world")
+WORLD_TESTS = ("tests/toy/test_genrubric_toy.py::test_the_world",
+               "tests/toy/test_toy_world.py::test_toy_world")
 
 
 def pytest_configure(config):

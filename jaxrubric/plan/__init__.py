@@ -28,7 +28,7 @@ policy's mesh; a stage on another mesh also holds the inputs moved to it (`Round
 prompts, responses, rubrics, advantages: small next to the models). `--compile` then compiles
 each stage program and sets XLA's numbers beside the plan's, per mesh.
 
-Checked against XLA (`tests/test_plan.py`, tiny config, CPU): arguments agree to the byte;
+Checked against XLA (`tests/plan/test_plan.py`, tiny config, CPU): arguments agree to the byte;
 temporaries within 0.9-1.15x where XLA partitions as the rules intend (data-parallel mesh),
 0.85x with the 8B recipes' memory settings (chunked attention, micro-batched rollouts and
 updates, remat full; XLA:CPU allocates the gradient sum's zeros early). On an `fsdp` mesh

@@ -17,7 +17,7 @@ import jaxrubric
 from jaxrubric.config import ConfigFileError, load_config, round_config
 from jaxrubric.models.config import ConfigError
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 CONFIG = ROOT / "configs" / "tiny_dynamic_rubric.py"
 GENRUBRIC = ROOT / "configs" / "tiny_genrubric.py"
 TRAIN_DATA = ROOT / "configs" / "assets" / "tiny_anchors.jsonl"

@@ -1,6 +1,6 @@
 """Micro-batched rollouts and updates give what the whole batch gives: the row split, sampling,
 verification and the config checks. A whole micro-batched round (with chunked attention too)
-is checked against the plain round in tests/test_placement.py."""
+is checked against the plain round in tests/methods/test_placement.py."""
 
 import re
 

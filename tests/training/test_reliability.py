@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +19,8 @@ from jaxrubric.train_loop import (DamagedCheckpointError, NonFiniteError, restor
                                   run_training)
 from jaxrubric.workdir_lock import LOCK_FILE, WorkdirLock, WorkdirLockedError
 from helpers import WalkTask
+
+TESTS = str(Path(__file__).resolve().parents[1])  # where the processes below import helpers from
 
 
 def test_a_non_finite_step_leaves_params_and_optimizer_state_unchanged():
@@ -241,7 +244,7 @@ def test_a_handled_damaged_checkpoint_prints_one_line_and_logs_the_details(
     shutil.copytree(four_rounds, workdir)
     LOUD_DAMAGE[damage](_largest_data_file(workdir / "checkpoints" / "4"))
     out = subprocess.run(
-        [sys.executable, "-c", _QUIET_RUN, str(workdir), os.path.dirname(__file__),
+        [sys.executable, "-c", _QUIET_RUN, str(workdir), TESTS,
          "--debug" if debug else ""], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert out.returncode == 0 and "--- trained" in out.stdout, out.stdout[-3000:]
@@ -306,11 +309,10 @@ def test_kill_9_mid_run_then_resume_equals_the_uninterrupted_run(tmp_path):
     """SIGKILL leaves whatever was being written half done (and the workdir's lock file
     behind); the rerun discards the half-written checkpoint, takes over the stale lock and ends
     bit-identical to a run that was never interrupted."""
-    tests = os.path.dirname(__file__)
     run_training(WalkTask(), workdir=tmp_path / "ref", rounds=8, checkpoint_every=1,
                  keep_checkpoints=3)
     workdir = tmp_path / "run"
-    process = subprocess.Popen([sys.executable, "-c", _WALK_RUN, str(workdir), "0.3", tests])
+    process = subprocess.Popen([sys.executable, "-c", _WALK_RUN, str(workdir), "0.3", TESTS])
     try:
         deadline = time.monotonic() + 120
         while not (workdir / "checkpoints" / "3").is_dir():

@@ -25,7 +25,7 @@ from jaxrubric.config import ConfigFileError, load_config
 from jaxrubric.logging_utils import WANDB_RUN_ID, SummaryWriter, WandbSettings, open_writers
 from jaxrubric.train_loop import run_training
 
-CONFIG = Path(__file__).parents[1] / "configs" / "tiny_dynamic_rubric.py"
+CONFIG = Path(__file__).parents[2] / "configs" / "tiny_dynamic_rubric.py"
 SETTINGS = WandbSettings(project="jaxrubric-test", run_name="toy")
 TEXT = "<b>bold?</b> & `code`\n  indented"  # markup and whitespace, to be shown verbatim
 

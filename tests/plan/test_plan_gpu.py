@@ -22,7 +22,7 @@ from jaxrubric.config import load_config
 from jaxrubric.plan import compile as plan_compile
 from jaxrubric.plan import hlo_cost, topology
 
-TINY = str(Path(__file__).resolve().parent.parent / "configs" / "tiny_dynamic_rubric.py")
+TINY = str(Path(__file__).resolve().parents[2] / "configs" / "tiny_dynamic_rubric.py")
 GIB = 1024**3
 NO_PLUGIN = ("XLA's GPU compiler comes with the CUDA plugin, not installed "
              "(pip install -e '.[gpu-plan]')")
@@ -53,7 +53,7 @@ def test_gpu_names_read_their_target_config(name, model, count):
 def test_the_target_configs_ship_with_the_package():
     shipped = resources.files("jaxrubric.plan").joinpath("gpu_targets")
     assert sorted(p.name for p in shipped.iterdir()) == sorted(topology.GPU_TARGETS.values())
-    pyproject = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
     assert '"jaxrubric.plan" = ["gpu_targets/*.txtpb"]' in pyproject
 
 

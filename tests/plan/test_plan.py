@@ -19,7 +19,7 @@ from jaxrubric.plan import models
 from jaxrubric.plan.shapes import round_shapes
 from jaxrubric.recipes import SLICES, Slice
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 TINY = str(CONFIGS / "tiny_dynamic_rubric.py")
 RECIPES = ["qwen3_8b_dynamic_rubric", "llama31_8b_dynamic_rubric", "qwen3_8b_genrubric",
            "llama31_8b_genrubric"]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from xla_flags import FAST_COMPILE
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import decode_matmul  # noqa: E402

@@ -24,7 +24,7 @@ from jaxrubric.models.attention import CausalPadding, cudnn, splash
 from jaxrubric.models.config import ConfigError
 from jaxrubric.plan import hlo_cost
 
-CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny_dynamic_rubric.py"
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny_dynamic_rubric.py"
 
 
 def _normal(rng: np.random.Generator, *shape: int) -> jax.Array:

@@ -22,7 +22,7 @@ from jaxrubric.eval import preference as pref
 from jaxrubric.rubric.grammar import POSITIVE_WEIGHTS
 from jaxrubric.rubric.templates import dynamic_rubric_generator_template
 
-PROMETHEUS = Path(__file__).parent / "data" / "prometheus_mt_bench_eval_48rows.json"
+PROMETHEUS = Path(__file__).parents[1] / "data" / "prometheus_mt_bench_eval_48rows.json"
 SMALL = ["--max-items", "3", "--max-item-tokens", "8", "--max-prompt-tokens", "32",
          "--max-response-tokens", "24", "--batch-size", "2", "--temperature", "1.0",
          "--no-progress"]

@@ -22,7 +22,7 @@ from jaxrubric.eval.metrics import (
     top1_consistency,
 )
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 
 
 def _prometheus_queries():

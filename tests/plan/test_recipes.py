@@ -8,7 +8,7 @@ import pytest
 from jaxrubric.config import ConfigFileError, load_config
 from jaxrubric.recipes import DEFAULT_SLICE, SLICES
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 RECIPE = CONFIGS / "qwen3_8b_dynamic_rubric.py"
 
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from jaxrubric.rubric.parse import ParsedRubric, RubricItem, format_rubric, parse_rubric
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 
 
 def _items(*pairs):

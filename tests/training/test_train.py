@@ -16,7 +16,7 @@ from jaxrubric.config import ConfigFileError, load_config
 from jaxrubric.train import CoevolveTask
 from jaxrubric.train_loop import restore_checkpoint
 
-CONFIG = str(Path(__file__).parents[1] / "configs" / "tiny_dynamic_rubric.py")
+CONFIG = str(Path(__file__).parents[2] / "configs" / "tiny_dynamic_rubric.py")
 SMALL = ["--config.round.response_tokens=8", "--config.rubric.max_items=2"]
 
 

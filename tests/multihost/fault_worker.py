@@ -1,4 +1,4 @@
-"""One process of the multi-process fault tests (`tests/test_multihost_faults.py`), not a test.
+"""One process of the multi-process fault tests (`tests/multihost/test_multihost_faults.py`), not a test.
 
 It joins the run through `jaxrubric.distributed` (the CLI flags, as `multihost_worker.py` does)
 and trains `Walk` with `train_loop.run_training`: a state sharded over the devices of every

@@ -9,7 +9,7 @@ import numpy as np
 
 from jaxrubric.rubric.scores import dynamic_rubric_score, genrubric_score
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 
 
 def _healthbench_points():

@@ -2,7 +2,7 @@
 pure data parallelism, data x FSDP and FSDP x tensor parallelism (vocabulary padded to the
 tensor axis) sample the same tokens and make the same updates.
 
-The meshes run in two processes started by the test (`python tests/test_mesh_equivalence.py
+The meshes run in two processes started by the test (`python tests/methods/test_mesh_equivalence.py
 OUT_DIR MESH...`): two compilations at a time use both cores of a small CI machine while holding
 two processes' memory (~2.3 GB each), and a process can be given the XLA thread pool the
 tensor-parallel round needs (see `xla_flags.THREADS`).
@@ -34,12 +34,12 @@ from jaxrubric.roles import ROLES, Role
 MESHES = {"data": (8, 1, 1), "data_fsdp": (2, 4, 1), "fsdp_tensor": (1, 2, 4)}
 PROCESSES = (("data",), ("data_fsdp", "fsdp_tensor"))  # meshes of each process, in order
 # Soft verdicts and advantages without the std keep the update well conditioned (see
-# tests/test_multihost.py, OVERRIDES).
+# tests/multihost/test_multihost.py, OVERRIDES).
 ROUND = DynamicRubricConfig(num_responses=4, num_rubrics=2, response_tokens=8, logprob_chunk=8,
                             soft_verdicts=True, policy=RoleConfig(advantage_mode="no_std"),
                             generator=RoleConfig(advantage_mode="no_std"))
 # Relative to each update's size; measured 6e-5 (policy) and 4e-4 (generator: rewards only
-# ~300 ulp apart, see tests/test_multihost.py, UPDATE_RTOL).
+# ~300 ulp apart, see tests/multihost/test_multihost.py, UPDATE_RTOL).
 UPDATE_RTOL = {Role.POLICY: 1e-3, Role.GENERATOR: 1e-2}
 COMPARED_METRICS = ("policy/reward", "policy/reward_std_in_group", "policy/grad_norm",
                     "generator/reward", "generator/grad_norm", "verifier/yes_rate",
@@ -121,8 +121,9 @@ def _round(shape: tuple[int, int, int]) -> dict[str, np.ndarray]:
 
 @pytest.mark.slow
 def test_round_is_the_same_on_every_mesh(tmp_path):
-    env = {**os.environ, "XLA_FLAGS": with_devices(8),
-           "JAX_PLATFORMS": "cpu", "NPROC": THREADS}
+    tests = str(Path(__file__).resolve().parents[1])  # helpers.py and xla_flags.py
+    env = {**os.environ, "XLA_FLAGS": with_devices(8), "JAX_PLATFORMS": "cpu", "NPROC": THREADS,
+           "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))}
     processes = start_processes(
         [[sys.executable, __file__, str(tmp_path), *names] for names in PROCESSES], env, tmp_path)
     wait_processes(processes, tmp_path, TIMEOUT_S)

@@ -2,7 +2,7 @@
 sub-meshes (what each stage reads from another mesh), held to the numbers recorded in
 tests/data/plan_figures.json: a change to where the plan reads its shapes from must leave them
 as they are. After a change meant to move them, rewrite the file with
-`python tests/test_plan_figures.py` and say why in the commit."""
+`python tests/plan/test_plan_figures.py` and say why in the commit."""
 
 import json
 import sys
@@ -14,7 +14,7 @@ from jaxrubric import plan
 from jaxrubric.config import load_config
 from jaxrubric.recipes import SLICES
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FIGURES = ROOT / "tests" / "data" / "plan_figures.json"
 RECIPES = ["qwen3_8b_dynamic_rubric", "llama31_8b_dynamic_rubric", "qwen3_8b_genrubric",
            "llama31_8b_genrubric"]

@@ -36,7 +36,7 @@ from jaxrubric.toy.world_config import RUNS, ToyWorldConfig
 # `rounds` rounds of the default one (a constant learning rate, the same draws), and every
 # stage before the runs is the shipped one (`toy/warm_starts.py`).
 SHORT = ToyWorldConfig(rounds=ToyWorldConfig().eval_every)
-NOTEBOOK = Path(__file__).parent.parent / "colab" / "quickstart.ipynb"
+NOTEBOOK = Path(__file__).parents[2] / "colab" / "quickstart.ipynb"
 
 
 def _short_overrides() -> dict:

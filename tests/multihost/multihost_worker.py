@@ -1,4 +1,4 @@
-"""One process of the multi-process training test (`tests/test_multihost.py`), not a test itself.
+"""One process of the multi-process training test (`tests/multihost/test_multihost.py`), not a test itself.
 
 It joins the run through `jaxrubric.distributed` (the CLI flags), trains the tiny DynamicRubric
 config in a workdir that every process shares (orbax writes one checkpoint from all of them) and
@@ -21,7 +21,7 @@ from jaxrubric import sharding as shd
 from jaxrubric.config import load_config
 from jaxrubric.train import train
 
-CONFIG = Path(__file__).parents[1] / "configs" / "tiny_dynamic_rubric.py"
+CONFIG = Path(__file__).parents[2] / "configs" / "tiny_dynamic_rubric.py"
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -15,7 +15,7 @@ from jaxrubric.data import (
     prompt_text,
 )
 
-HEALTHBENCH = Path(__file__).parent / "data" / "healthbench_oss_eval_30examples.jsonl"
+HEALTHBENCH = Path(__file__).parents[1] / "data" / "healthbench_oss_eval_30examples.jsonl"
 
 datasets.disable_progress_bars()
 

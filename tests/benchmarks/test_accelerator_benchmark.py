@@ -15,7 +15,7 @@ from xla_flags import FAST_COMPILE
 
 pytestmark = pytest.mark.slow  # runs the whole benchmark script
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ROWS = (
     "decode (`sampling.sample`)",
     "decode ceiling: every weight read once per step",

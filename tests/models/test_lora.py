@@ -116,7 +116,7 @@ def test_a_lora_round_trains_only_the_adapters_on_the_mesh(method):
 
 
 def test_lora_config_keys_are_checked_before_loading(tmp_path):
-    config = str(Path(__file__).parents[1] / "configs" / "tiny_dynamic_rubric.py")
+    config = str(Path(__file__).parents[2] / "configs" / "tiny_dynamic_rubric.py")
     with pytest.raises(ConfigFileError, match=r"config\.policy\.lora\.targets"):
         load_config(config, ["policy.lora.rank=4", "policy.lora.targets=q_proj,qkv"])
     with pytest.raises(ConfigFileError, match=r"config\.generator\.lora\.rank"):
@@ -138,7 +138,7 @@ LORA_FLAGS = ["--config.policy.lora.rank=4", "--config.generator.lora.rank=4",
 def _base_checkpoint(folder: Path) -> Path:
     """A tiny random Qwen3 written by transformers over the tiny config's tokenizer."""
     tokenizer = jaxrubric.load_tokenizer(
-        Path(__file__).parents[1] / "configs" / "assets" / "tiny_tokenizer")
+        Path(__file__).parents[2] / "configs" / "assets" / "tiny_tokenizer")
     hf = make_hf_model("qwen3", seed=3, vocab_size=len(tokenizer),
                        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     return save_hf_model(hf, folder)
@@ -153,7 +153,7 @@ def test_lora_training_resumes_bit_for_bit_and_exports_both_ways(tmp_path):
     from jaxrubric.train import CoevolveTask
     from jaxrubric.train_loop import restore_checkpoint
 
-    config_file = str(Path(__file__).parents[1] / "configs" / "tiny_dynamic_rubric.py")
+    config_file = str(Path(__file__).parents[2] / "configs" / "tiny_dynamic_rubric.py")
     base = _base_checkpoint(tmp_path / "base")
     flags = [*LORA_FLAGS, *(f"--config.{r}.path={base}" for r in ("policy", "generator",
                                                                    "verifier"))]
@@ -195,8 +195,8 @@ def test_lora_training_resumes_bit_for_bit_and_exports_both_ways(tmp_path):
 
 
 # ------------------------------------------------------------------------ plan and recipes
-COLAB = Path(__file__).parents[1] / "configs" / "colab_qwen3_0p6b_dynamic_rubric.py"
-TINY_DR = Path(__file__).parents[1] / "configs" / "tiny_dynamic_rubric.py"
+COLAB = Path(__file__).parents[2] / "configs" / "colab_qwen3_0p6b_dynamic_rubric.py"
+TINY_DR = Path(__file__).parents[2] / "configs" / "tiny_dynamic_rubric.py"
 
 
 def _device_bytes(tree) -> int:
@@ -243,7 +243,7 @@ def test_the_colab_recipe_trains_a_round_at_reduced_size(tmp_path):
     models over the tiny tokenizer."""
     from jaxrubric.train import train
 
-    assets = Path(__file__).parents[1] / "configs" / "assets"
+    assets = Path(__file__).parents[2] / "configs" / "assets"
     config = load_config(COLAB, [
         *(f"{r}.path=" for r in ("policy", "generator", "verifier")),
         f"tokenizer={assets / 'tiny_tokenizer'}", f"data.train={assets / 'tiny_anchors.jsonl'}",

@@ -103,7 +103,7 @@ def test_shared_update_equals_the_unshared_update(aggregation, lora, kl):
     """Two SGD steps (the second one clipped), KL to the reference (LoRA: the base), each
     aggregation, and the forward KL over the vocabulary: the whole batch of rows against the
     shared update in 2 micro-batches of prompts (micro-batching alone is held exact by
-    tests/test_grpo.py)."""
+    tests/rl/test_grpo.py)."""
     want_state, want = _update(lora, aggregation, 1, shared=False, kl=kl)
     got_state, got = _update(lora, aggregation, 2, shared=True, kl=kl)
     for a, b in zip(jax.tree.leaves(want_state), jax.tree.leaves(got_state), strict=True):

@@ -3,7 +3,7 @@ stage on each role's devices and gives what the colocated round (one program) gi
 
 The DynamicRubric case also turns on the memory options (micro-batched rollouts and updates,
 attention over query blocks): a whole round with them equals the plain round, which each
-option's own tests check on its part alone (tests/test_microbatch.py, tests/test_attention.py).
+option's own tests check on its part alone (tests/methods/test_microbatch.py, tests/models/test_attention.py).
 """
 
 from pathlib import Path
@@ -25,7 +25,7 @@ from jaxrubric.train import CoevolveTask
 SUBMESHES = ["--config.submeshes.policy=fsdp=4", "--config.submeshes.generator=data=2",
              "--config.submeshes.verifier=fsdp=-1"]
 # Soft verdicts and advantages without the std keep the update well conditioned (see
-# tests/test_multihost.py, OVERRIDES); the held-out batch exercises the evaluation's stages.
+# tests/multihost/test_multihost.py, OVERRIDES); the held-out batch exercises the evaluation's stages.
 SMALL = ["--config.round.response_tokens=8", "--config.rubric.max_items=2",
          "--config.round.soft_verdicts=true", "--config.round.policy.advantage_mode=no_std",
          "--config.round.generator.advantage_mode=no_std",
@@ -34,10 +34,10 @@ MEMORY_SAVING = ["--config.round.rollout_micro_batches=2", "--config.round.updat
                  *(f"--config.{role}.attention_chunk=8" for role in placement.ROLES)]
 LORA = [f"--config.{role}.lora.{key}={value}" for role in ("policy", "generator")
         for key, value in (("rank", 4), ("dropout", 0.1), ("targets", "q_proj,v_proj,up_proj"))]
-UPDATE_RTOL = {Role.POLICY: 1e-3, Role.GENERATOR: 1e-2}  # as tests/test_mesh_equivalence.py
+UPDATE_RTOL = {Role.POLICY: 1e-3, Role.GENERATOR: 1e-2}  # as tests/methods/test_mesh_equivalence.py
 STAGES = {"dynamic_rubric": 6, "genrubric": 6}  # rollout stages, judge, reward, both updates
 EVAL_STAGES = {"dynamic_rubric": 1, "genrubric": 2}  # the held-out evaluation's programs
-HEALTHBENCH = Path(__file__).parent / "data" / "healthbench_oss_eval_30examples.jsonl"
+HEALTHBENCH = Path(__file__).parents[1] / "data" / "healthbench_oss_eval_30examples.jsonl"
 
 
 def test_resolve_submeshes_fills_the_open_mesh_and_shares_by_name():

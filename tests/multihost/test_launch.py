@@ -16,7 +16,7 @@ import pytest
 BASH = shutil.which("bash")
 pytestmark = pytest.mark.skipif(BASH is None, reason="the launchers are bash scripts")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TPU = str(ROOT / "launch" / "tpu_pod.sh")
 GPU = str(ROOT / "launch" / "gpu_local.sh")
 LOC = ["--zone", "us-east5-a", "--project", "proj"]
