@@ -125,3 +125,30 @@ def test_chunking_cuts_the_compiled_temporaries():
 def test_negative_chunk_is_a_config_error():
     with pytest.raises(ConfigError, match="attention_chunk"):
         jaxrubric.tiny_config("qwen3", attention_chunk=-1)
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_decode_attention_equals_the_dense_form_over_each_samples_prompt_copy(steps):
+    """S samples of each prompt reading the prompt's keys once (`decode_attention`) against
+    the einsum form over each sample's own copy of its prompt followed by its tokens: padded
+    prompts, grouped query heads, slots not yet written, and a step of several tokens."""
+    from jaxrubric.models.attention import attention, decode_attention
+
+    b, s, p_len, slots, kv_heads, groups, d = 3, 2, 5, 4, 2, 2, 8
+    draw = iter(jax.random.split(jax.random.key(0), 5))
+    q = jax.random.normal(next(draw), (b * s, steps, kv_heads * groups, d))
+    prefix_k, prefix_v = (jax.random.normal(next(draw), (b, kv_heads, p_len, d))
+                          for _ in range(2))
+    k, v = (jax.random.normal(next(draw), (b * s, kv_heads, slots, d)) for _ in range(2))
+    prefix_valid = jnp.arange(p_len)[None, :] >= jnp.array([[0], [2], [4]])  # left padding
+    written = jnp.arange(slots) <= 1
+
+    got = decode_attention(q, prefix_k, prefix_v, prefix_valid, k, v, written)
+    copied = lambda x: jnp.repeat(x, s, axis=0)  # noqa: E731
+    keys = jnp.concatenate([copied(prefix_k), k], axis=2)
+    values = jnp.concatenate([copied(prefix_v), v], axis=2)
+    visible = jnp.concatenate([copied(prefix_valid),
+                               jnp.broadcast_to(written, (b * s, slots))], axis=1)
+    want = attention(q, keys, values, jnp.broadcast_to(visible[:, None, :],
+                                                       (b * s, steps, p_len + slots)))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)

@@ -124,14 +124,44 @@ def decode_attention(q: jax.Array, prefix_k: jax.Array, prefix_v: jax.Array,
     """A decoding step of S samples continuing each of B prompts: `q [B S, T, heads, D]`
     (rows prompt-major) attend to their prompt's keys `prefix_k`, `prefix_v [B, kv_heads, P,
     D]` (`prefix_valid [B, P]`) and to their own `k`, `v [B S, kv_heads, L, D]` at the slots
-    `written [L]` holds, in one softmax over both (`branch_attention`'s form, with the
-    samples as its branches). Returns `[B S, T, heads, D]`."""
-    b = prefix_k.shape[0]
-    s = q.shape[0] // b
-    q_b, k_b, v_b = (x.reshape(b, s, *x.shape[1:]) for x in (q, k, v))
-    own = jnp.broadcast_to(written, (b, s, q.shape[1], written.shape[0]))
-    out = _branch_attention(q_b, prefix_k, prefix_v, prefix_valid.astype(bool), k_b, v_b, own)
-    return out.reshape(q.shape)
+    `written [L]` holds, in one softmax over both. Returns `[B S, T, heads, D]`.
+
+    The two parts share the softmax's maximum and denominator instead of being concatenated
+    (`branch_attention`'s form): each part is one batched matrix product in its own cache's
+    layout, and only the per-query statistics and outputs (`[.., D]`, not `[.., P]`) change
+    layout between them, which keeps a step's ops few and small where the model is small.
+    """
+    b, kv_heads, p_len, d = prefix_k.shape
+    rows, t, n, _ = q.shape
+    s, g = rows // b, n // kv_heads
+    low = jnp.finfo(jnp.float32).min
+    scale = d ** -0.5
+
+    def to_prompts(x: jax.Array) -> jax.Array:  # [B S, kv, T g, X] -> [B, kv, S T g, X]
+        x = x.reshape(b, s, kv_heads, t * g, x.shape[-1]).transpose(0, 2, 1, 3, 4)
+        return x.reshape(b, kv_heads, s * t * g, x.shape[-1])
+
+    def to_samples(x: jax.Array) -> jax.Array:  # the inverse of `to_prompts`
+        x = x.reshape(b, kv_heads, s, t * g, x.shape[-1]).transpose(0, 2, 1, 3, 4)
+        return x.reshape(rows, kv_heads, t * g, x.shape[-1])
+
+    q_own = q.reshape(rows, t, kv_heads, g, d).transpose(0, 2, 1, 3, 4).reshape(
+        rows, kv_heads, t * g, d)
+    to_prefix = jnp.einsum("bkqd,bkpd->bkqp", to_prompts(q_own), prefix_k,
+                           preferred_element_type=jnp.float32) * scale
+    to_prefix = jnp.where(prefix_valid.astype(bool)[:, None, None, :], to_prefix, low)
+    own = jnp.einsum("rkqd,rkld->rkql", q_own, k, preferred_element_type=jnp.float32) * scale
+    own = jnp.where(written[None, None, None, :], own, low)
+    top = jnp.maximum(to_samples(to_prefix.max(-1, keepdims=True)), own.max(-1, keepdims=True))
+    prefix_p = jnp.exp(to_prefix - to_prompts(top))
+    own_p = jnp.exp(own - top)
+    total = to_samples(prefix_p.sum(-1, keepdims=True)) + own_p.sum(-1, keepdims=True)
+    out = (to_samples(jnp.einsum("bkqp,bkpd->bkqd", prefix_p.astype(v.dtype), prefix_v,
+                                 preferred_element_type=jnp.float32))
+           + jnp.einsum("rkql,rkld->rkqd", own_p.astype(v.dtype), v,
+                        preferred_element_type=jnp.float32)) / total
+    out = out.astype(v.dtype).reshape(rows, kv_heads, t, g, d).transpose(0, 2, 1, 3, 4)
+    return out.reshape(rows, t, n, d)
 
 
 def _branch_attention(q, prefix_k, prefix_v, prefix_valid, k, v, own_mask):
