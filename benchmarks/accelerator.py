@@ -264,7 +264,8 @@ def verifier_row(model, readout: V.VerifierReadout, work: Work, repeats: int) ->
                                                repeats),
                tokens=b * k * (lp + g * m * branch),
                flops=flops.tree_verify_flops(cfg, rows=b * k, prefix_len=lp, branches=g * m,
-                                             branch_len=branch))
+                                             branch_len=branch,
+                                             readout_tokens=len(readout.token_ids)))
 
 
 def round_rows(setup, models, state, frozen, batch, repeats: int) -> list[Row]:

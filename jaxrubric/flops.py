@@ -109,15 +109,17 @@ def shared_teacher_forced_flops(cfg: ModelConfig, *, prompts: int, prompt_len: i
 
 
 def tree_verify_flops(cfg: ModelConfig, *, rows: int, prefix_len: int, branches: int,
-                      branch_len: int) -> float:
+                      branch_len: int, readout_tokens: int) -> float:
     """`jaxrubric.rubric.verifier.verify`: per row, a causal prefix encoded once and
     `branches` branches of `branch_len` tokens (an item slot plus the answer suffix), each
     attending to the prefix and causally to itself (`Decoder.shared_prefix_hidden`); one
-    answer position per branch is projected."""
+    answer position per branch is projected, onto the `readout_tokens` yes and no tokens only
+    (`Decoder.token_logits`)."""
     tokens = prefix_len + branches * branch_len
     pairs = prefix_len**2 / 2 + branches * (branch_len * prefix_len + branch_len**2 / 2)
+    readout = 2 * cfg.hidden_size * readout_tokens * rows * branches
     return forward_flops(cfg, tokens=rows * tokens, attention_pairs=rows * pairs,
-                         logit_tokens=rows * branches)
+                         logit_tokens=0) + readout
 
 
 def round_flops_by_stage(models: Mapping[Role, ModelConfig], config: RoundConfig,
@@ -136,7 +138,7 @@ def round_flops_by_stage(models: Mapping[Role, ModelConfig], config: RoundConfig
     for v in shapes.verification:
         stages[f"verifier/{v.name}"] = tree_verify_flops(
             models[Role.VERIFIER], rows=v.rows, prefix_len=v.prefix_len, branches=v.branches,
-            branch_len=v.branch_len)
+            branch_len=v.branch_len, readout_tokens=v.readout_tokens)
     for u in shapes.updates:
         if config.frozen(u.role):  # compiled behind a runtime switch, skipped
             continue

@@ -34,13 +34,15 @@ class Sampling(NamedTuple):
 
 class Verification(NamedTuple):
     """A verifier pass: per row a prefix of `prefix_len` tokens and `branches` item branches
-    of `branch_len` tokens (the tree forward of `rubric.verifier.verify`)."""
+    of `branch_len` tokens (the tree forward of `rubric.verifier.verify`), each branch's
+    answer position projected onto `readout_tokens` tokens (the readout's yes and no ids)."""
 
     name: str
     rows: int
     prefix_len: int
     branches: int
     branch_len: int
+    readout_tokens: int
 
     @property
     def length(self) -> int:
@@ -89,12 +91,14 @@ _PASSES: contextvars.ContextVar[list[Verification] | None] = contextvars.Context
     "passes", default=None)
 
 
-def verified(name: str, rows: int, prefix_len: int, branches: int, branch_len: int) -> None:
+def verified(name: str, rows: int, prefix_len: int, branches: int, branch_len: int,
+             readout_tokens: int) -> None:
     """Notes a verifier pass while a round is traced for its shapes (else nothing): the passes
     run inside a stage, so its inputs and outputs alone do not show them."""
     passes = _PASSES.get()
     if passes is not None:
-        passes.append(Verification(name, rows, prefix_len, branches, branch_len))
+        passes.append(Verification(name, rows, prefix_len, branches, branch_len,
+                                   readout_tokens))
 
 
 class _StageCall(NamedTuple):

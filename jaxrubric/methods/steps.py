@@ -65,7 +65,8 @@ def judge_answers(setup: RoundSetup, verifier: Decoder, question: Question, answ
                                  answers, answer_len, pad_id=setup.pad_id)
     items = parsed.items.shape
     shapes.verified(name, math.prod(answers.shape[:-1]), prefix.tokens.shape[-1],
-                    items[-3] * items[-2], items[-1] + len(setup.readout.suffix))
+                    items[-3] * items[-2], items[-1] + len(setup.readout.suffix),
+                    len(setup.readout.token_ids))
     out = ver.verify(verifier, setup.readout, prefix.tokens, prefix.lengths, parsed.items,
                      parsed.item_lengths, item_valid, pad_id=setup.pad_id,
                      micro_batches=setup.config.rollout_micro_batches)

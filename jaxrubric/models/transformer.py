@@ -16,6 +16,7 @@ program is traced in. No sharding decision lives here.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import jax
@@ -293,6 +294,18 @@ class Decoder(nnx.Module):
             out = jnp.where(jnp.arange(out.shape[-1]) < cfg.vocab_size, out, MASKED_LOGIT)
         lengths = ("activation_length",) * (out.ndim - 2)
         return shd.constrain(out, ("activation_batch", *lengths, "activation_vocab"))
+
+    def token_logits(self, hidden: jax.Array, ids: Sequence[int]) -> jax.Array:
+        """`logits(hidden)[..., ids]`, projecting onto those tokens' rows of the output
+        embedding only: for a readout that compares a few tokens (a verifier's yes and no), the
+        `[..., V]` logits and their vocabulary-wide product are never made."""
+        cfg = self.config
+        if not all(0 <= i < cfg.vocab_size for i in ids):
+            raise ValueError(f"token ids {ids} outside the vocabulary of {cfg.vocab_size}")
+        ids = jnp.asarray(ids, jnp.int32)
+        head = self.embed[...][ids].T if cfg.tie_word_embeddings else self.lm_head[...][:, ids]
+        return lora_lib.matmul(hidden, head.astype(hidden.dtype), 1,
+                               preferred_element_type=jnp.float32)
 
     def hidden_states(self, tokens, positions=None, attention_mask=None, segment_ids=None,
                       cache=None, lora_drop_keys=None):

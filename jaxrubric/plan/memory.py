@@ -123,7 +123,8 @@ def round_stages(rc: RoundConfig, shapes: RoundShapes, loc: Mapping[Role, Local]
         decode[s.role].ways, m, decode[s.role].weights))
         for s in shapes.sampling]
     stages += [Stage(stage_key(Role.VERIFIER, 0), f"verifier: {v.name}", verifier_phase(
-        loc[Role.VERIFIER], v.rows, v.prefix_len, v.branches, v.branch_len, ways, m))
+        loc[Role.VERIFIER], v.rows, v.prefix_len, v.branches, v.branch_len,
+        v.readout_tokens, ways, m))
         for v in shapes.verification]
     stages += [Stage(stage_key(u.role, 1), f"{u.role} update", update_phase(
         loc[u.role], params[u.role], u.rows, u.prompt_len, u.completion_len, rc.logprob_chunk,

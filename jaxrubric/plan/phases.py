@@ -314,11 +314,13 @@ def update_phase(loc: Local, params: RoleParams, rows: int, prompt_len: int,
 
 
 def verifier_phase(loc: Local, rows: int, prefix_len: int, branches: int, branch_len: int,
-                   ways: int, micro_batches: int = 1) -> Phase:
+                   readout_tokens: int, ways: int, micro_batches: int = 1) -> Phase:
     """One shared-prefix forward per (prompt, answer): the prefix encoded once, every item a
     branch attending to it and causally to itself; the rows of one micro-batch of prompts at
     a time. The prefix's and the branches' attention run one after the other, so a layer
-    holds the larger of their temporaries."""
+    holds the larger of their temporaries. Each item's answer position is projected onto the
+    `readout_tokens` yes and no tokens only, for every row of the pass (the micro-batches'
+    outputs are stacked)."""
     r = rows_per_device(rows // micro_batches, ways)
     layer = loc.shared_working_set(r, prefix_len, branches, branch_len)
     tokens = f"{prefix_len} + {branches} x {branch_len}"
@@ -326,5 +328,6 @@ def verifier_phase(loc: Local, rows: int, prefix_len: int, branches: int, branch
         (f"masks: {_rows_text(rows, micro_batches)} x ({prefix_len}^2 + {branches} x "
          f"{branch_len}^2)", loc.shared_masks(r, prefix_len, branches, branch_len)),
         (f"one layer's forward over {tokens} tokens", layer + loc.gathered_layer),
-        (f"answer logits: {branches} items per row", r * branches * loc.vocab * 4),
+        (f"answer logits: {branches} items per row x {readout_tokens} tokens",
+         rows_per_device(rows, ways) * branches * readout_tokens * 4),
     ])

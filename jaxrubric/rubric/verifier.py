@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -58,6 +59,16 @@ class VerifierReadout:
             raise ValueError("the branch suffix is empty: nothing to read the answer at")
         if not self.yes_ids or not self.no_ids:
             raise ValueError("need at least one yes id and one no id")
+
+    @property
+    def token_ids(self) -> tuple[int, ...]:
+        """The tokens a verdict reads, yes ids first: the only logits `verify` computes."""
+        return self.yes_ids + self.no_ids
+
+    def p_yes(self, logits: jax.Array) -> jax.Array:
+        """`yes_probability` of logits over `token_ids` (`[..., len(token_ids)]`)."""
+        n = len(self.yes_ids)
+        return yes_probability(logits, range(n), range(n, n + len(self.no_ids)))
 
 
 class Verdicts(NamedTuple):
@@ -130,9 +141,12 @@ def branch_inputs(items: ArrayLike, item_lengths: ArrayLike, suffix: ArrayLike, 
 
 def answer_logits(model: Decoder, prefix_tokens: ArrayLike, prefix_lengths: ArrayLike,
                   items: ArrayLike, item_lengths: ArrayLike, suffix: ArrayLike, *,
-                  pad_id: int = 0) -> jax.Array:
+                  pad_id: int = 0, token_ids: Sequence[int] | None = None) -> jax.Array:
     """Logits ``[B, K, G, M, V]`` at every item's answer position: per (prompt, response) the
-    prefix encoded once and the G*M item branches continuing it (two-part attention).
+    prefix encoded once and the G*M item branches continuing it (two-part attention). With
+    ``token_ids`` only those tokens' logits, ``[B, K, G, M, len(token_ids)]``
+    (`Decoder.token_logits`): a verdict compares yes with no, and ``P(yes) / (P(yes) + P(no))``
+    needs no softmax over the vocabulary.
 
     Inputs: prefix ``[B, K, Lp]`` (left-aligned) with ``prefix_lengths [B, K]``, items
     ``[B, G, M, Li]`` with ``item_lengths [B, G, M]``, suffix ``[S]``. Jittable.
@@ -152,7 +166,8 @@ def answer_logits(model: Decoder, prefix_tokens: ArrayLike, prefix_lengths: Arra
     _, hidden = model.shared_prefix_hidden(prefix, prefix_mask.reshape(flat, prefix_len),
                                            per_response(branches),
                                            branch_mask=per_response(real))
-    logits = model.logits(hidden[:, :, -1])
+    last = hidden[:, :, -1]
+    logits = model.logits(last) if token_ids is None else model.token_logits(last, token_ids)
     return logits.reshape(batch, num_responses, groups, num_items, -1)
 
 
@@ -185,8 +200,7 @@ def answer_logits_per_item(model: Decoder, prefix_tokens: ArrayLike, prefix_leng
     return model.logits(last).reshape(*shape, -1)
 
 
-def _verdicts(logits: jax.Array, valid: ArrayLike, readout: VerifierReadout) -> Verdicts:
-    p_yes = yes_probability(logits, readout.yes_ids, readout.no_ids)
+def _verdicts(p_yes: jax.Array, valid: ArrayLike) -> Verdicts:
     valid = jnp.asarray(valid, bool)[:, None]
     return Verdicts(jnp.where(valid, p_yes, 0.0), valid & (p_yes > 0.5))
 
@@ -205,10 +219,11 @@ def verify(model: Decoder, readout: VerifierReadout, prefix_tokens: ArrayLike,
     (`microbatch.map_rows`): the prefixes and branches of ``B / n`` prompts exist at once.
     """
     logits = microbatch.map_rows(
-        lambda xs: answer_logits(model, *xs, readout.suffix, pad_id=pad_id),
+        lambda xs: answer_logits(model, *xs, readout.suffix, pad_id=pad_id,
+                                 token_ids=readout.token_ids),
         tuple(jnp.asarray(x) for x in (prefix_tokens, prefix_lengths, items, item_lengths)),
         micro_batches)
-    return _verdicts(logits, valid, readout)
+    return _verdicts(readout.p_yes(logits), valid)
 
 
 def verify_per_item(model: Decoder, readout: VerifierReadout, prefix_tokens: ArrayLike,
@@ -217,7 +232,7 @@ def verify_per_item(model: Decoder, readout: VerifierReadout, prefix_tokens: Arr
     """`verify` with one forward per (prompt, response, item): the unshared reference."""
     logits = answer_logits_per_item(model, prefix_tokens, prefix_lengths, items, item_lengths,
                                     readout.suffix, pad_id=pad_id)
-    return _verdicts(logits, valid, readout)
+    return _verdicts(yes_probability(logits, readout.yes_ids, readout.no_ids), valid)
 
 
 def verdict_loss(model: Decoder, readout: VerifierReadout, prefix_tokens: ArrayLike,
@@ -232,10 +247,11 @@ def verdict_loss(model: Decoder, readout: VerifierReadout, prefix_tokens: ArrayL
     G*M labels per (prompt, response) instead of one. Returns ``(loss, {loss, accuracy})``.
     """
     logits = answer_logits(model, prefix_tokens, prefix_lengths, items, item_lengths,
-                           readout.suffix, pad_id=pad_id)
+                           readout.suffix, pad_id=pad_id, token_ids=readout.token_ids)
     logits = logits.astype(jnp.float32)
-    margin = (jax.nn.logsumexp(logits[..., jnp.asarray(readout.yes_ids)], axis=-1)
-              - jax.nn.logsumexp(logits[..., jnp.asarray(readout.no_ids)], axis=-1))
+    n = len(readout.yes_ids)
+    margin = (jax.nn.logsumexp(logits[..., :n], axis=-1)
+              - jax.nn.logsumexp(logits[..., n:], axis=-1))
     labels = jnp.asarray(labels, jnp.float32)
     weight = jnp.broadcast_to(jnp.asarray(valid, bool)[:, None], margin.shape).astype(jnp.float32)
     nll = -(labels * jax.nn.log_sigmoid(margin) + (1 - labels) * jax.nn.log_sigmoid(-margin))

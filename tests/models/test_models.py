@@ -295,3 +295,18 @@ def test_config_checks():
     with pytest.raises(ConfigError, match="rope type"):
         ModelConfig.from_hf_dict({**jaxrubric.tiny_config().to_hf_dict(),
                                   "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}})
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_token_logits_are_the_logits_of_those_tokens(tied):
+    """`Decoder.token_logits` (a verifier's yes/no readout) against the full vocabulary's
+    logits at the same ids, tied and untied heads, ids in any order, padded vocabulary."""
+    cfg = jaxrubric.tiny_config(tie_word_embeddings=tied, vocab_multiple=128)
+    model = jaxrubric.init_model(cfg, seed=5)
+    hidden = jax.random.normal(jax.random.key(0), (2, 3, cfg.hidden_size))
+    ids = (7, 1, cfg.vocab_size - 1)
+    np.testing.assert_allclose(np.asarray(model.token_logits(hidden, ids)),
+                               np.asarray(model.logits(hidden))[..., list(ids)],
+                               rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        model.token_logits(hidden, (cfg.vocab_size,))

@@ -148,7 +148,7 @@ def test_verification_computes_what_the_count_says():
                                                jnp.ones((batch, groups, items), bool)).p_yes,
                      params, *inputs)
     count = flops.tree_verify_flops(cfg, rows=rows, prefix_len=prefix_len, branches=branches,
-                                    branch_len=branch_len)
+                                    branch_len=branch_len, readout_tokens=2)
     masked = flops.forward_flops(cfg, tokens=0, logit_tokens=0, attention_pairs=rows * (
         prefix_len**2 / 2 + branches * branch_len**2 / 2))
     unread = rows * prefix_len * 2 * (64 * 4 * 32 + 3 * 64 * 128)  # o_proj, SwiGLU (D 64, F 128)
@@ -217,13 +217,13 @@ def test_round_shapes_are_the_shapes_the_round_builds():
         _int((B, G, grammar.max_rubric_tokens)))
     rubric, M = grammar.max_rubric_tokens, items.shape[2]
     assert branches.shape[:2] == (B, G * M)
-    branch = branches.shape[-1]
+    branch, readout = branches.shape[-1], len(setup.readout.token_ids)
     assert shapes.sampling == (
         Sampling(Role.POLICY, "policy rollout", B, K, Lp, Lr),
         Sampling(Role.GENERATOR, "generator rollout", B, G, gen.shape[-1], rubric))
     assert shapes.verification == (
-        Verification("responses", B * K, prefix.shape[-1], G * M, branch),
-        Verification("anchors", B * n, anchor_prefix.shape[-1], G * M, branch))
+        Verification("responses", B * K, prefix.shape[-1], G * M, branch, readout),
+        Verification("anchors", B * n, anchor_prefix.shape[-1], G * M, branch, readout))
     # Each prompt's G rubrics, and its K answers, share it (encoded once with share_prefix).
     assert shapes.updates == (Update(Role.GENERATOR, B * G, gen.shape[-1], rubric, G),
                               Update(Role.POLICY, B * K, Lp, Lr, K))
@@ -260,7 +260,7 @@ def test_round_shapes_are_the_shapes_the_round_builds():
                  induced.shape[-1], Lr))
     # No anchors: the induced responses alone, under the same verifier prefix.
     assert gr_shapes.verification == (
-        Verification("induced responses", B * G, prefix.shape[-1], G * M, branch),)
+        Verification("induced responses", B * G, prefix.shape[-1], G * M, branch, readout),)
     assert gr_shapes.updates == (Update(Role.GENERATOR, B * G, gr_gen.shape[-1], gr_rubric, G),
                                  Update(Role.POLICY, B * G, induced.shape[-1], Lr))
     assert {(Role.POLICY, 0), (Role.VERIFIER, 0), (Role.GENERATOR, 1)} <= set(gr_shapes.reads)
@@ -272,7 +272,8 @@ def test_round_shapes_are_the_shapes_the_round_builds():
 # 136 + 16 = 152 and induced prompt of 10 + 40 + 16 = 66.
 DR_ROLLOUTS = (Sampling(Role.POLICY, "policy rollout", 2, 4, 32, 12),
                Sampling(Role.GENERATOR, "generator rollout", 2, 2, 200, 40))
-DR_PASSES = (Verification("responses", 8, 60, 6, 9), Verification("anchors", 6, 50, 6, 9))
+DR_PASSES = (Verification("responses", 8, 60, 6, 9, 2),
+             Verification("anchors", 6, 50, 6, 9, 2))
 DR_UPDATES = {Role.GENERATOR: Update(Role.GENERATOR, 4, 200, 40, 2),
               Role.POLICY: Update(Role.POLICY, 8, 32, 12, 4)}
 
@@ -286,7 +287,7 @@ def dr_shapes(*roles: Role) -> RoundShapes:
 GR_SHAPES = RoundShapes(
     (Sampling(Role.GENERATOR, "generator rollout", 2, 2, 152, 40),
      Sampling(Role.POLICY, "policy rollout (induced responses)", 4, 1, 66, 12)),
-    (Verification("induced responses", 4, 60, 6, 9),),
+    (Verification("induced responses", 4, 60, 6, 9, 2),),
     (Update(Role.GENERATOR, 4, 152, 40, 2), Update(Role.POLICY, 4, 66, 12)), {})
 
 
@@ -320,9 +321,9 @@ def test_round_flops_stages_follow_the_config():
                                                               prompt_len=200, samples=2,
                                                               new_tokens=40)
     assert stages["verifier/responses"] == flops.tree_verify_flops(
-        verifier, rows=8, prefix_len=60, branches=6, branch_len=9)
-    assert stages["verifier/anchors"] == flops.tree_verify_flops(verifier, rows=6, prefix_len=50,
-                                                                 branches=6, branch_len=9)
+        verifier, rows=8, prefix_len=60, branches=6, branch_len=9, readout_tokens=2)
+    assert stages["verifier/anchors"] == flops.tree_verify_flops(
+        verifier, rows=6, prefix_len=50, branches=6, branch_len=9, readout_tokens=2)
     assert flops.round_flops(models, base, shapes) == pytest.approx(sum(stages.values()))
 
     varied = DynamicRubricConfig(num_responses=4, num_rubrics=2, response_tokens=12, num_updates=2,
@@ -356,7 +357,7 @@ def test_round_flops_stages_follow_the_config():
     assert gr["policy/sample"] == flops.sampling_flops(policy, prompts=4, prompt_len=66,
                                                        samples=1, new_tokens=12)
     assert gr["verifier/induced responses"] == flops.tree_verify_flops(
-        verifier, rows=4, prefix_len=60, branches=6, branch_len=9)
+        verifier, rows=4, prefix_len=60, branches=6, branch_len=9, readout_tokens=2)
     assert gr["generator/update"] == 3 * flops.shared_teacher_forced_flops(
         generator, prompts=2, prompt_len=152, samples=2, completion_len=40)
     # Each induced answer has its own prompt (its rubric group's): nothing to share.

@@ -215,7 +215,7 @@ def test_shared_update_layer_is_the_verifiers_shared_prefix_layer(chunk):
     prompts, prompt_len, samples, completion_len = 8, 480, 4, 34
     update = dict(update_phase(loc, role, prompts * samples, prompt_len, completion_len, 16,
                                ways=8, group=samples).items)
-    verifier = dict(verifier_phase(loc, prompts, prompt_len, samples, completion_len,
+    verifier = dict(verifier_phase(loc, prompts, prompt_len, samples, completion_len, 2,
                                    ways=8).items)
     layer = verifier[f"one layer's forward over {prompt_len} + {samples} x {completion_len} "
                      "tokens"] - loc.gathered_layer
