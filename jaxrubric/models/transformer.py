@@ -284,11 +284,7 @@ class Decoder(nnx.Module):
     def logits(self, hidden: jax.Array) -> jax.Array:
         """Final-norm hidden states -> float32 logits, padded vocabulary masked."""
         cfg = self.config
-        if cfg.tie_word_embeddings:
-            head = self.embed[...].T
-        else:
-            head = self.lm_head[...]
-        out = lora_lib.matmul(hidden, head.astype(hidden.dtype), 1,
+        out = lora_lib.matmul(hidden, self._output_head().astype(hidden.dtype), 1,
                               preferred_element_type=jnp.float32)
         if cfg.padded_vocab_size != cfg.vocab_size:
             out = jnp.where(jnp.arange(out.shape[-1]) < cfg.vocab_size, out, MASKED_LOGIT)
@@ -302,10 +298,13 @@ class Decoder(nnx.Module):
         cfg = self.config
         if not all(0 <= i < cfg.vocab_size for i in ids):
             raise ValueError(f"token ids {ids} outside the vocabulary of {cfg.vocab_size}")
-        ids = jnp.asarray(ids, jnp.int32)
-        head = self.embed[...][ids].T if cfg.tie_word_embeddings else self.lm_head[...][:, ids]
+        head = self._output_head()[:, jnp.asarray(ids, jnp.int32)]
         return lora_lib.matmul(hidden, head.astype(hidden.dtype), 1,
                                preferred_element_type=jnp.float32)
+
+    def _output_head(self) -> jax.Array:
+        """The output projection `[hidden, V]`: the embedding's transpose when tied."""
+        return self.embed[...].T if self.config.tie_word_embeddings else self.lm_head[...]
 
     def hidden_states(self, tokens, positions=None, attention_mask=None, segment_ids=None,
                       cache=None, lora_drop_keys=None):

@@ -65,10 +65,15 @@ class VerifierReadout:
         """The tokens a verdict reads, yes ids first: the only logits `verify` computes."""
         return self.yes_ids + self.no_ids
 
-    def p_yes(self, logits: jax.Array) -> jax.Array:
-        """`yes_probability` of logits over `token_ids` (`[..., len(token_ids)]`)."""
+    def margin(self, logits: jax.Array) -> jax.Array:
+        """``log P(yes) - log P(no)`` from logits over `token_ids` (``[..., len(token_ids)]``),
+        float32: what a verdict and the verifier's training loss read."""
         n = len(self.yes_ids)
-        return yes_probability(logits, range(n), range(n, n + len(self.no_ids)))
+        return yes_margin(logits, range(n), range(n, len(self.token_ids)))
+
+    def p_yes(self, logits: jax.Array) -> jax.Array:
+        """`yes_probability` of logits over `token_ids`: the sigmoid of their `margin`."""
+        return jax.nn.sigmoid(self.margin(logits))
 
 
 class Verdicts(NamedTuple):
@@ -113,12 +118,18 @@ def verifier_prefix(template: TokenTemplate, prompt: ArrayLike, prompt_lengths: 
                     pad_id=pad_id, align="left")
 
 
-def yes_probability(logits: ArrayLike, yes_ids: ArrayLike, no_ids: ArrayLike) -> jax.Array:
-    """``P(yes) / (P(yes) + P(no))`` from logits ``[..., V]``, summing every yes / no id."""
+def yes_margin(logits: ArrayLike, yes_ids: ArrayLike, no_ids: ArrayLike) -> jax.Array:
+    """``log P(yes) - log P(no)`` (float32) from logits ``[..., V]``, summing every yes / no
+    id; no softmax over V is needed, its normaliser cancels."""
     logits = jnp.asarray(logits, jnp.float32)
     log_yes = jax.nn.logsumexp(logits[..., jnp.asarray(yes_ids)], axis=-1)
     log_no = jax.nn.logsumexp(logits[..., jnp.asarray(no_ids)], axis=-1)
-    return jax.nn.sigmoid(log_yes - log_no)
+    return log_yes - log_no
+
+
+def yes_probability(logits: ArrayLike, yes_ids: ArrayLike, no_ids: ArrayLike) -> jax.Array:
+    """``P(yes) / (P(yes) + P(no))`` from logits ``[..., V]``, summing every yes / no id."""
+    return jax.nn.sigmoid(yes_margin(logits, yes_ids, no_ids))
 
 
 def branch_inputs(items: ArrayLike, item_lengths: ArrayLike, suffix: ArrayLike, *,
@@ -248,10 +259,7 @@ def verdict_loss(model: Decoder, readout: VerifierReadout, prefix_tokens: ArrayL
     """
     logits = answer_logits(model, prefix_tokens, prefix_lengths, items, item_lengths,
                            readout.suffix, pad_id=pad_id, token_ids=readout.token_ids)
-    logits = logits.astype(jnp.float32)
-    n = len(readout.yes_ids)
-    margin = (jax.nn.logsumexp(logits[..., :n], axis=-1)
-              - jax.nn.logsumexp(logits[..., n:], axis=-1))
+    margin = readout.margin(logits)
     labels = jnp.asarray(labels, jnp.float32)
     weight = jnp.broadcast_to(jnp.asarray(valid, bool)[:, None], margin.shape).astype(jnp.float32)
     nll = -(labels * jax.nn.log_sigmoid(margin) + (1 - labels) * jax.nn.log_sigmoid(-margin))
