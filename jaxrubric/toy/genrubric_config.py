@@ -9,17 +9,55 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from jaxrubric.methods.genrubric import GenRubricConfig
+from jaxrubric.methods.round_config import RoleConfig
+from jaxrubric.toy import config_tree
+from jaxrubric.toy.runs import TOY_ROUND
 from jaxrubric.toy.verifier_sft import VerifierSettings
 
 RUNS = ("evolving", "control")
 VERIFIER = VerifierSettings()  # the verifier's defaults, one for both worlds
+
+
+def world_round() -> GenRubricConfig:
+    """Both runs' round (`GenRubricWorldConfig.round`)."""
+    # Sampling temperatures. At 1 the character-level cold start writes some of its items
+    # outside the criterion language (the tails of a short SFT), and GRPO's noise walks it
+    # further out; at 0.7 it writes almost all in the language (held-out rubrics are sampled at
+    # it too). The frozen answerer at 0.5 follows the rubric it is shown better and still
+    # tosses a fair coin where no item speaks, so the induced response says more about its
+    # rubric: comprehensiveness has less noise.
+    # Advantages "no_std" for both roles: each query's rewards centred without dividing by their
+    # spread, so a query whose rubrics earn nearly the same comprehensiveness (coin flips, not
+    # rubric quality) moves the generator little; z-scored, it got full-size advantages.
+    return GenRubricConfig(
+        **TOY_ROUND,
+        # G: groups per query, each inducing one answer and judging the others' (with half as
+        # many the comprehensiveness signal drowned in its noise)
+        num_rubrics=12,
+        # Each group's comprehensiveness averaged over two responses it induced (the paper:
+        # one). The answerer flips a coin on every digit no item names, and much of a group's
+        # reward is that noise: two halve it, and the rise grew.
+        induced_responses=2,
+        # The answerer is frozen: it stays the one the rubrics were checked with
+        # (`answerer_follows`).
+        policy=RoleConfig(temperature=0.5, advantage_mode="no_std", freeze=True),
+        # KL to its cold start: without it the character-level generator collapsed into text
+        # outside the language.
+        generator=RoleConfig(temperature=0.7, beta=0.04, advantage_mode="no_std"),
+        discrimination_spread="pairs",
+        # The reward's terms: comprehensiveness alone (the paper's ablation). Here the
+        # discrimination terms pay an item for contradicting the other rubrics, the only way to
+        # split answers that follow them (docs/history.md).
+        comprehensiveness_coef=1.0, discrimination_coef=0.0, discriminative_coef=0.0,
+        nonredundant_coef=0.0)
 # What the warm starts (and the answerer's rubric-following check) read: a config keeps only
 # these for them (`starts_only`), so starts made for one config serve every config that
 # agrees on these.
 START_SETTINGS = ("seed", "max_items", "max_item_tokens", "teacher_informed", "verifier_steps",
                   "verifier_malformed", "answerer_steps", "answerer_lr", "answerer_follows",
                   "answerer_stages", "generator_steps", "sft_batch", "sft_lr",
-                  "policy_temperature", "hidden_size", "num_layers", "answerer_hidden_size",
+                  "round.policy.temperature", "hidden_size", "num_layers", "answerer_hidden_size",
                   "answerer_layers")
 
 
@@ -35,14 +73,7 @@ class GenRubricWorldConfig:
     # Queries per round: with fewer a run walked far between evaluations and a training draw
     # could end below its cold start; each update here averages twice the rubrics.
     batch_size: int = 16
-    # G: groups per query, each inducing one answer and judging the others' (with half as many
-    # the comprehensiveness signal drowned in its noise)
-    num_rubrics: int = 12
     max_items: int = 4
-    # GenRubricConfig.induced_responses: each group's comprehensiveness averaged over two
-    # responses it induced (the paper: one). The answerer flips a coin on every digit no item
-    # names, and much of a group's reward is that noise: two halve it, and the rise grew.
-    induced_responses: int = 2
     max_item_tokens: int = 7
     eval_queries: int = 128  # held-out rows, 8 responses each
     eval_rubric_runs: int = 4  # R sampled rubrics per held-out query (plus a greedy one)
@@ -71,30 +102,8 @@ class GenRubricWorldConfig:
     generator_lr: float = 4e-4
     # config.optim.lr_schedule: a cosine decay to a tenth did not steady the weakest seed.
     generator_lr_schedule: str = "constant"
-    # KL of the generator to its cold start (round.generator.beta): without it the
-    # character-level generator collapsed into text outside the language.
-    generator_beta: float = 0.04
-    discrimination_spread: str = "pairs"  # GenRubricConfig.discrimination_spread
-    # Sampling temperatures (round.generator.temperature / policy.temperature). At 1 the
-    # character-level cold start writes some of its items outside the criterion language (the
-    # tails of a short SFT), and GRPO's noise walks it further out; at 0.7 it writes almost
-    # all in the language (held-out rubrics are sampled at it too). The frozen answerer at 0.5
-    # follows the rubric it is shown better and still tosses a fair coin where no item speaks,
-    # so the induced response says more about its rubric: comprehensiveness has less noise.
-    generator_temperature: float = 0.7
-    policy_temperature: float = 0.5
-    # Both roles' RoleConfig.advantage_mode: "no_std" centres each query's rewards without
-    # dividing by their spread, so a query whose rubrics earn nearly the same
-    # comprehensiveness (coin flips, not rubric quality) moves the generator little;
-    # z-scored, it got full-size advantages.
-    advantage_mode: str = "no_std"
-    # GenRubric's reward coefficients (GenRubricConfig.*_coef): comprehensiveness, group
-    # discrimination, item discriminative, item non-redundant. Comprehensiveness alone (the
-    # paper's ablation): here the discrimination terms pay an item for contradicting the other
-    # rubrics, the only way to split answers that follow them (README).
-    coefficients: tuple[float, float, float, float] = (1.0, 0.0, 0.0, 0.0)
-    # Other round keys, for studies; a role's dotted within the round ("generator.temperature").
-    round_overrides: tuple[tuple[str, Any], ...] = ()
+    # The round of both runs (the control's shuffled credit aside, `genrubric_world.run_round`).
+    round: GenRubricConfig = dataclasses.field(default_factory=world_round)
     hidden_size: int = 64
     num_layers: int = 2
     # Following a rubric is a lookup (which item names this digit, with which sign): a wider
@@ -120,9 +129,9 @@ class GenRubricWorldConfig:
     def starts_only(self) -> GenRubricWorldConfig:
         """This config with everything but `START_SETTINGS` at its default: all that the warm
         starts are given, so that they can read nothing else."""
-        return GenRubricWorldConfig(**{name: getattr(self, name) for name in START_SETTINGS})
+        return config_tree.replace(GenRubricWorldConfig(), self.start_settings())
 
     def start_settings(self) -> dict[str, Any]:
-        """What the stages before the runs read (the shipped starts' key,
+        """What the stages before the runs read, by dotted name (the shipped starts' key,
         `toy/warm_starts.py`)."""
-        return {name: getattr(self, name) for name in START_SETTINGS}
+        return {name: config_tree.setting(self, name) for name in START_SETTINGS}

@@ -132,7 +132,7 @@ def follows(answerer: Any, tokenizer: Any, cfg: GenRubricWorldConfig, n: int = 2
         cases.append((question, rubric, template_ids(template, tokenizer,
                                                            sr.rubric_text(rubric), question)))
     out = generate(answerer, [c[2] for c in cases], max_new_tokens=8, rng=jax.random.key(seed),
-                   temperature=cfg.policy_temperature, pad_id=tokenizer.pad_token_id)
+                   temperature=cfg.round.policy.temperature, pad_id=tokenizer.pad_token_id)
     told, unnamed, in_order = [], [], []
     for (question, rubric, _), ids, length in zip(cases, np.asarray(out.tokens)[:, 0],
                                                   np.asarray(out.lengths)[:, 0]):

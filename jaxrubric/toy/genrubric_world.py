@@ -39,6 +39,7 @@ into `workdir` and is skipped when its output is already there: a rerun resumes.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -47,13 +48,19 @@ import ml_collections
 
 from jaxrubric import sharding as shd
 from jaxrubric.config import check_config
+from jaxrubric.methods.genrubric import GenRubricConfig
 from jaxrubric.toy import digits_task as task
 from jaxrubric.toy import signed_rubrics as sr
 from jaxrubric.toy import stages as stages_lib
 from jaxrubric.toy import warm_starts
 from jaxrubric.toy.genrubric_config import GenRubricWorldConfig
 from jaxrubric.toy.genrubric_report import summarize
-from jaxrubric.toy.genrubric_warm_starts import FOLLOWING, ROLES, rubric_following, warm_start
+from jaxrubric.toy.genrubric_warm_starts import (
+    FOLLOWING,
+    ROLES,
+    rubric_following,
+    warm_start,
+)
 from jaxrubric.toy.runs import toy_run_config, train_toy_run
 from jaxrubric.toy.workdir import prepare_workdir, run_world, use_workdir
 
@@ -75,35 +82,23 @@ def write_data(workdir: Path, cfg: GenRubricWorldConfig) -> dict[str, Path]:
     return paths
 
 
+def run_round(name: str, cfg: GenRubricWorldConfig) -> GenRubricConfig:
+    """The world's round for run `name`: the control's generator credit shuffled among the
+    query's well-formed groups."""
+    return dataclasses.replace(cfg.round, shuffle_generator_credit=name == "control")
+
+
 def run_config(name: str, workdir: Path, paths: dict[str, Path], cfg: GenRubricWorldConfig
                ) -> ml_collections.ConfigDict:
     """The training config of one run of `RUNS`."""
     c = toy_run_config(
-        workdir, paths, workdir / "models" / "generator_cold", seed=cfg.seed,
-        batch_size=cfg.batch_size, eval_batch_size=cfg.eval_queries,
-        num_rubrics=cfg.num_rubrics, max_items=cfg.max_items,
-        max_item_tokens=cfg.max_item_tokens, generator_beta=cfg.generator_beta,
-        generator_lr=cfg.generator_lr, rounds=cfg.rounds, eval_every=cfg.eval_every)
-    c.method = "genrubric"
+        workdir, paths, workdir / "models" / "generator_cold", run_round(name, cfg),
+        method=METHOD, seed=cfg.seed, batch_size=cfg.batch_size,
+        eval_batch_size=cfg.eval_queries, max_items=cfg.max_items,
+        max_item_tokens=cfg.max_item_tokens, generator_lr=cfg.generator_lr, rounds=cfg.rounds,
+        eval_every=cfg.eval_every)
     c.data.eval_rubric_runs = cfg.eval_rubric_runs
-    c.round.policy.freeze = True  # the answerer stays the one the rubrics were checked with
-    c.round.shuffle_generator_credit = name == "control"
-    c.round.discrimination_spread = cfg.discrimination_spread
-    c.round.generator.temperature = cfg.generator_temperature
-    c.round.policy.temperature = cfg.policy_temperature
-    for role in (c.round.policy, c.round.generator):
-        role.advantage_mode = cfg.advantage_mode
-    c.round.induced_responses = cfg.induced_responses
     c.optim.lr_schedule = cfg.generator_lr_schedule  # the generator is the one trained role
-    for key, value in zip(("comprehensiveness_coef", "discrimination_coef",
-                            "discriminative_coef", "nonredundant_coef"), cfg.coefficients):
-        c.round[key] = value
-    for key, value in cfg.round_overrides:  # dotted within the round: "generator.temperature"
-        *sections, leaf = key.split(".")
-        node = c.round
-        for section in sections:
-            node = node[section]
-        node[leaf] = value
     check_config(c)
     return c
 

@@ -3,22 +3,30 @@ world's workdir."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 import ml_collections
 
 from jaxrubric.config import base_config
+from jaxrubric.methods.round_config import RoundConfig
+
+# The round settings both worlds share: the toy's short answers and rubrics (a world's round
+# config starts from these).
+TOY_ROUND = {"response_tokens": 8, "logprob_chunk": 16}
 
 
-def toy_run_config(workdir: Path, paths: dict[str, Path], generator: Path, *, seed: int,
-                   batch_size: int, eval_batch_size: int, num_rubrics: int, max_items: int,
-                   max_item_tokens: int, generator_beta: float, generator_lr: float,
-                   rounds: int, eval_every: int) -> ml_collections.ConfigDict:
-    """The workdir's tokenizer, models and data, the toy's short budgets and compact
-    templates, and a schedule that evaluates and checkpoints every `eval_every` rounds,
-    keeping the last checkpoint."""
-    c = base_config()
+def toy_run_config(workdir: Path, paths: dict[str, Path], generator: Path, round_config:
+                   RoundConfig, *, method: str, seed: int, batch_size: int,
+                   eval_batch_size: int, max_items: int, max_item_tokens: int,
+                   generator_lr: float, rounds: int, eval_every: int
+                   ) -> ml_collections.ConfigDict:
+    """A run of `method` with `round_config` as its round: the workdir's tokenizer, models and
+    data, the toy's short budgets and compact templates, and a schedule that evaluates and
+    checkpoints every `eval_every` rounds, keeping the last checkpoint."""
+    c = base_config(method)
+    c.round = ml_collections.ConfigDict(dataclasses.asdict(round_config))
     c.seed = seed
     c.tokenizer = str(workdir / "tokenizer")
     c.policy.path = str(workdir / "models" / "policy")
@@ -33,10 +41,6 @@ def toy_run_config(workdir: Path, paths: dict[str, Path], generator: Path, *, se
     c.rubric.max_items = max_items
     c.rubric.max_item_tokens = max_item_tokens
     c.rubric.template_style = "compact"
-    c.round.num_rubrics = num_rubrics
-    c.round.response_tokens = 8
-    c.round.logprob_chunk = 16
-    c.round.generator.beta = generator_beta
     c.optim.generator_lr = generator_lr
     c.rounds = rounds
     c.eval_every = eval_every

@@ -30,7 +30,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from jaxrubric.toy.workdir import differences, prepare_workdir, run_world
+from jaxrubric.toy.config_tree import differences
+from jaxrubric.toy.workdir import prepare_workdir, run_world
 from jaxrubric.train_loop import ConfigMismatchError
 
 ASSETS = Path(__file__).parent / "assets"

@@ -21,6 +21,7 @@ import jaxrubric
 from jaxrubric.toy import allocator
 from jaxrubric.toy import digits_task as task
 from jaxrubric.toy import stages as stages_lib
+from jaxrubric.toy.config_tree import differences
 from jaxrubric.train_loop import ConfigMismatchError
 
 CONFIG_FILE = "toy_config.json"
@@ -40,7 +41,13 @@ def prepare_workdir(workdir: str | Path, cfg: Any) -> tuple[Path, Any]:
     workdir.mkdir(parents=True, exist_ok=True)
     saved, config = workdir / CONFIG_FILE, json.loads(json.dumps(dataclasses.asdict(cfg)))
     if saved.exists():
-        differ = differences(json.loads(saved.read_text()), config, REUSABLE_SETTINGS)
+        there = json.loads(saved.read_text())
+        if "round" not in there:
+            raise ConfigMismatchError(
+                f"{workdir} holds a toy world saved before a world's config held its round "
+                "settings under `round` (a field such as policy_beta is "
+                "round.policy.beta now): use a new workdir, or delete this one.")
+        differ = differences(there, config, REUSABLE_SETTINGS)
         if differ:
             raise ConfigMismatchError(
                 f"{workdir} holds a toy world built with another config ({'; '.join(differ)}): "
@@ -50,16 +57,6 @@ def prepare_workdir(workdir: str | Path, cfg: Any) -> tuple[Path, Any]:
     if not (workdir / "tokenizer" / "tokenizer.json").exists():
         task.build_tokenizer(workdir / "tokenizer")
     return workdir, use_workdir(workdir)
-
-
-def differences(there: dict[str, Any], now: dict[str, Any], ignored: tuple[str, ...] = ()
-                ) -> list[str]:
-    """The settings two saved configs disagree on (`ignored` aside), each as
-    "key: <there> there, <now> now"."""
-    unset = "(not set)"
-    return [f"{key}: {there.get(key, unset)!r} there, {now.get(key, unset)!r} now"
-            for key in sorted((there.keys() | now.keys()) - set(ignored))
-            if there.get(key, unset) != now.get(key, unset)]
 
 
 def use_workdir(workdir: Path) -> Any:

@@ -48,7 +48,7 @@ template holds (`digits_task.STRAY_LETTERS`), a policy warm start that writes in
 format (`policy_steps`), runs long enough for the stale evaluator to fall behind (`rounds`),
 generator warm starts long enough to aim and to read the letter off the answers
 (`generator_steps`), policy advantages that follow the size of the score gaps, not only their
-order (`policy_advantage_mode`), and a final evaluation that compares the runs paired by
+order (`round.policy.advantage_mode`), and a final evaluation that compares the runs paired by
 question (`final_samples`). The README's toy section has what the defaults measure.
 """
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from jaxrubric.methods.round_config import KL_KINDS
-from jaxrubric.rl import grpo
+from jaxrubric.methods.dynamic_rubric import DynamicRubricConfig
+from jaxrubric.methods.round_config import RoleConfig
 from jaxrubric.toy import digits_task as task
+from jaxrubric.toy.runs import TOY_ROUND
 from jaxrubric.toy.verifier_sft import VerifierSettings
 
 RUNS = ("coevolve", "frozen", "static", "oracle")
@@ -28,6 +29,48 @@ STATIC_RUNS = ("static",)
 # stale evaluator) do not read: starts made for one value serve every other.
 RUN_ONLY_SETTINGS = ("runs", "final_samples", "rounds")
 VERIFIER = VerifierSettings()  # the verifier's defaults, one for both worlds
+
+
+def world_round() -> DynamicRubricConfig:
+    """The compared runs' round, before each run's own switches (`world_runs.run_round`)."""
+    return DynamicRubricConfig(
+        **TOY_ROUND,
+        num_rubrics=8,  # G: a large group gives the generator's GRPO a usable baseline
+        num_responses=4,  # K
+        # "mean" over the valid groups, as the 8B recipes. "best_group" (the group the
+        # generator's advantage ranks first) picks it on the current answers, which lets a
+        # prompt-only or frozen generator adapt through the selection.
+        policy_score="mean",
+        anchor_weight=1.0,  # lambda of the generator's reward
+        # KL to its warm start, the recipes' 0.01. Without one the policy's reward kept rising
+        # while its held-out quality fell under most learned evaluators (it finds what the
+        # rubrics miss). Its rubric scores become advantages as "no_std": each prompt's scores
+        # centred without dividing by their spread (Dr. GRPO's form), so the policy's step
+        # follows the size of the score gaps, not only their order: the regime in which
+        # DynamicRubric's claim that closing gaps starve the policy can show in its quality.
+        # With "group_std" (the 8B recipes') every evaluator's gaps became full-size advantages
+        # as long as their order was right, and the stale run reached the ceiling
+        # (docs/history.md). Adam keeps the step's overall scale, so the first rounds train
+        # about as before.
+        policy=RoleConfig(beta=0.01, advantage_mode="no_std"),
+        # KL to its reference (the 8B recipes use 0.01), "sampled" (k3 on the tokens it
+        # writes), at temperature 1, with no entropy bonus, in every run and in the generators'
+        # own rounds. The reference is the role's weights at the start of each run: the cold
+        # start for the generator's own rounds, their result for the compared runs
+        # (`ToyWorldConfig.generator_reference`). Without one the character-level generator
+        # drifts out of the criterion language.
+        generator=RoleConfig(beta=0.04, kl="sampled", temperature=1.0, entropy=0.0),
+        # Of the G rubrics, how many the generator's SFT cold start writes in every run and in
+        # the generators' own rounds: judged and rewarded with the group, learned from, never
+        # scoring the policy (frozen and oracle runs sample them too, unused, so every run
+        # compiles the same program). None by default: they did not bring a lost item back
+        # (docs/history.md).
+        explorer_rubrics=0,
+        item_credit=0.0,  # item-level credit on the generators' item tokens, in every run
+        # Which roles train and what rewards the policy are inputs of the compiled round, so
+        # the generators' rounds and the compared runs share two programs (dynamic and static
+        # rubrics) through the compilation cache instead of compiling one each.
+        runtime_switches=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,8 +101,6 @@ class ToyWorldConfig:
     # difference is paired by question: the training-time evaluations' 4 answers per question
     # leave too wide an interval on the difference of two runs near the ceiling.
     final_samples: int = 16
-    num_responses: int = 4  # K
-    num_rubrics: int = 8  # G: a large group gives the generator's GRPO a usable baseline
     max_items: int = 4
     max_item_tokens: int = 7
     num_anchors: int = 3
@@ -115,49 +156,13 @@ class ToyWorldConfig:
     # those of the warm-started policy ("keeps_small"), or "flips" (any digit, so the
     # contested digits are big as often as small: the cold start sees both kinds of mistake).
     teacher_mistakes: str = "flips"
-    # DynamicRubricConfig.policy_score: "mean" over the valid groups, as the 8B recipes.
-    # "best_group" (the group the generator's advantage ranks first) picks it on the current
-    # answers, which lets a prompt-only or frozen generator adapt through the selection.
-    policy_score: str = "mean"
-    anchor_weight: float = 1.0  # lambda of the generator's reward
-    # KL of the generator to its reference (round.generator.beta; the 8B recipes use
-    # 0.01). The reference is the role's weights at the start of each run: the cold start
-    # for the generator's own rounds, their result for the compared runs. Without one the
-    # character-level generator drifts out of the criterion language.
-    generator_beta: float = 0.04
-    # KL of the policy to its warm start (round.policy.beta), the recipes' 0.01. Without
-    # one the policy's reward kept rising while its held-out quality fell under most learned
-    # evaluators (it finds what the rubrics miss).
-    policy_beta: float = 0.01
-    # How the policy's rubric scores become advantages (round.policy.advantage_mode;
-    # the generators' stay "group_std"). "no_std" centres each prompt's scores without
-    # dividing by their spread (Dr. GRPO's form), so the policy's step follows the size of
-    # the score gaps, not only their order: the regime in which DynamicRubric's claim that
-    # closing gaps starve the policy can show in its quality. With "group_std" (the 8B
-    # recipes') every evaluator's gaps became full-size advantages as long as their order was
-    # right, and the stale run reached the ceiling (docs/history.md). Adam keeps the
-    # step's overall scale, so the first rounds train about as before.
-    policy_advantage_mode: str = "no_std"
     # The compared runs' generator KL reference: "run_start" (the generator they start from,
     # after its own rounds) or "cold_start" (its SFT cold start, as RLHF keeps its SFT model:
     # the only start that still writes every kind of sound item).
     generator_reference: str = "run_start"
-    # Which KL generator_beta weighs (round.generator.kl): "sampled" (k3 on the tokens
-    # it writes) or "forward" (KL(reference || generator) over the whole vocabulary).
-    generator_kl: str = "sampled"
-    # The generators' sampling temperature in every run (round.generator.temperature).
-    generator_temperature: float = 1.0
-    # The generators' entropy bonus in every run, their own rounds included
-    # (round.generator.entropy): against the exploration failure in the README.
-    generator_entropy: float = 0.0
-    # Of the G rubrics per prompt, how many the generator's SFT cold start writes in every run
-    # and in the generators' own rounds (DynamicRubricConfig.explorer_rubrics): judged and rewarded
-    # with the group, learned from, never scoring the policy (frozen and oracle runs sample
-    # them too, unused, so every run compiles the same program).
-    explorer_rubrics: int = 0
-    # Item-level credit on the generators' item tokens in every run
-    # (DynamicRubricConfig.item_credit).
-    item_credit: float = 0.0
+    # The round of every run and of the generators' own rounds: each run's switches (a frozen
+    # role, the prompt-only generator, the ground truth as reward) are applied to it.
+    round: DynamicRubricConfig = dataclasses.field(default_factory=world_round)
     hidden_size: int = 64
     num_layers: int = 2
     verifier_hidden_size: int = VERIFIER.verifier_hidden_size
@@ -179,8 +184,6 @@ class ToyWorldConfig:
                               ("teacher_mistakes", task.POLICY_MISTAKES),
                               ("teacher_focus", TEACHER_FOCUS),
                               ("generator_reference", GENERATOR_REFERENCES),
-                              ("generator_kl", KL_KINDS),
-                              ("policy_advantage_mode", grpo.ADVANTAGE_MODES),
                               ("anchors", task.ANCHOR_KINDS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"ToyWorldConfig.{name} {getattr(self, name)!r} is not one of "
@@ -193,7 +196,7 @@ class ToyWorldConfig:
 
     def start_settings(self) -> dict[str, Any]:
         """What the stages before the compared runs read: everything but `RUN_ONLY_SETTINGS`
-        (the shipped starts' key, `toy/warm_starts.py`)."""
+        (the shipped starts' key, `toy/warm_starts.py`), the round as a nested mapping."""
         settings = dataclasses.asdict(self)
         for name in RUN_ONLY_SETTINGS:
             del settings[name]

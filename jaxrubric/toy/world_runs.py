@@ -11,8 +11,9 @@ from typing import Any
 import ml_collections
 
 from jaxrubric.config import check_config
+from jaxrubric.methods.dynamic_rubric import DynamicRubricConfig
+from jaxrubric.toy import config_tree, supervised
 from jaxrubric.toy import digits_task as task
-from jaxrubric.toy import supervised
 from jaxrubric.toy.runs import toy_run_config, train_toy_run
 from jaxrubric.toy.world_config import POLICY_TOKENS, STATIC_RUNS, ToyWorldConfig
 
@@ -38,46 +39,45 @@ def held_out_rows(workdir: Path) -> list[dict[str, Any]]:
             (workdir / "data" / "eval.jsonl").read_text().splitlines()]
 
 
+def run_round(name: str, cfg: ToyWorldConfig) -> DynamicRubricConfig:
+    """The world's round (`cfg.round`) with run `name`'s switches: the prompt-only generator
+    for the static runs, the frozen role or the ground truth as the policy's reward; the held-out
+    batch sampled and verified in pieces the size of a round's batch unless the round says."""
+    settings: dict[str, object] = {}
+    if not cfg.round.eval_micro_batches:
+        settings["eval_micro_batches"] = max(
+            m for m in range(1, max(1, cfg.eval_batch_size // cfg.batch_size) + 1)
+            if cfg.eval_batch_size % m == 0)
+    if name in STATIC_RUNS or name == "generator_static":
+        settings["rubric_source"] = "static"
+    if name.startswith("generator"):
+        settings["policy.freeze"] = True
+    elif name == "frozen" or name == "oracle":
+        settings["generator.freeze"] = True
+        if name == "oracle":
+            settings["policy_reward"] = "oracle"
+    return config_tree.replace(cfg.round, settings)
+
+
 def run_config(name: str, workdir: Path, paths: dict[str, Path], cfg: ToyWorldConfig,
                generator: Path) -> ml_collections.ConfigDict:
     """The training config of one toy run; `name` is a run of `RUNS`, or "generator" /
     "generator_static" (the generator's rounds against the frozen warm-started policy)."""
-    c = toy_run_config(workdir, paths, generator, seed=cfg.seed, batch_size=cfg.batch_size,
-                       eval_batch_size=cfg.eval_batch_size, num_rubrics=cfg.num_rubrics,
-                       max_items=cfg.max_items, max_item_tokens=cfg.max_item_tokens,
-                       generator_beta=cfg.generator_beta, generator_lr=cfg.generator_lr,
+    c = toy_run_config(workdir, paths, generator, run_round(name, cfg), method="dynamic_rubric",
+                       seed=cfg.seed, batch_size=cfg.batch_size,
+                       eval_batch_size=cfg.eval_batch_size, max_items=cfg.max_items,
+                       max_item_tokens=cfg.max_item_tokens, generator_lr=cfg.generator_lr,
                        rounds=cfg.rounds, eval_every=cfg.eval_every)
     c.oracle = "toy_digits"
     c.data.policy_tokens = POLICY_TOKENS
     c.data.num_anchors = cfg.num_anchors
-    c.round.num_responses = cfg.num_responses
-    c.round.policy_score = cfg.policy_score
-    c.round.anchor_weight = cfg.anchor_weight
-    c.round.policy.beta = cfg.policy_beta
-    c.round.policy.advantage_mode = cfg.policy_advantage_mode or c.round.generator.advantage_mode
-    c.round.generator.kl = cfg.generator_kl
-    c.round.generator.temperature = cfg.generator_temperature
-    c.round.generator.entropy = cfg.generator_entropy
-    c.round.item_credit = cfg.item_credit
     c.optim.policy_lr = cfg.policy_lr
-    # Which roles train and what rewards the policy are inputs of the compiled round, so the
-    # generators' rounds and the compared runs share two programs (dynamic and static rubrics)
-    # through the compilation cache instead of compiling one each.
-    c.round.runtime_switches = True
-    # The held-out batch is sampled and verified in pieces the size of a round's batch.
-    c.round.eval_micro_batches = max(
-        m for m in range(1, max(1, cfg.eval_batch_size // cfg.batch_size) + 1)
-        if cfg.eval_batch_size % m == 0)
     static = name in STATIC_RUNS or name == "generator_static"
-    if static:
-        c.round.rubric_source = "static"
-    if cfg.explorer_rubrics:
-        c.round.explorer_rubrics = cfg.explorer_rubrics
+    if cfg.round.explorer_rubrics:
         c.generator.explorer = str(
             workdir / "models" / ("generator_cold_static" if static else "generator_cold"))
     if name.startswith("generator"):
         c.rounds = cfg.generator_rounds
-        c.round.policy.freeze = True
         # No held-out evaluation: nothing reads it (the compared runs evaluate this generator
         # at their round 0), and without it the stage skips two evaluations and their compile,
         # with the same weights.
@@ -86,11 +86,6 @@ def run_config(name: str, workdir: Path, paths: dict[str, Path], cfg: ToyWorldCo
     elif cfg.generator_reference == "cold_start" and name in ("coevolve", *STATIC_RUNS):
         cold = "generator_cold_static" if name in STATIC_RUNS else "generator_cold"
         c.generator.reference = str(workdir / "models" / cold)
-    elif name == "frozen":
-        c.round.generator.freeze = True
-    elif name == "oracle":
-        c.round.policy_reward = "oracle"
-        c.round.generator.freeze = True
     check_config(c)
     return c
 

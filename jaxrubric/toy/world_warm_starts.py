@@ -35,7 +35,7 @@ def generator_examples(tokenizer: Any, rng: random.Random, n: int, cfg: ToyWorld
                        static: bool = False) -> tuple[list, list]:
     """The generator's cold-start pairs: its prompt (the question and K warm-start answers, or
     the question alone for the static baseline) and a partly sound teacher rubric."""
-    shown_count = 0 if static else cfg.num_responses
+    shown_count = 0 if static else cfg.round.num_responses
     template = tpl.dynamic_rubric_generator_template(
         tokenizer, shown_count, max_items=cfg.max_items, style="compact")
     prompts, targets = [], []

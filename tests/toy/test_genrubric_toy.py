@@ -5,6 +5,7 @@ rubric above its control's."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 
@@ -13,6 +14,7 @@ import pytest
 
 from jaxrubric.data.loaders import load_healthbench
 from jaxrubric.eval.metrics import agreement_metrics
+from jaxrubric.toy import config_tree
 from jaxrubric.toy import digits_task as task
 from jaxrubric.toy import genrubric_report as report
 from jaxrubric.toy import genrubric_warm_starts as gws
@@ -196,19 +198,22 @@ def test_method_picks_a_toy_world_and_is_refused_with_a_config(tmp_path):
 
 
 @pytest.mark.slow
-def test_run_config_carries_the_worlds_sampling_advantage_and_response_defaults(
-        tmp_path):
+def test_run_config_carries_the_worlds_round(tmp_path):
+    """Both runs train with the world's round config as it is (its sampling temperatures,
+    advantages and induced responses among it); the control only shuffles the credit."""
     cfg = GenRubricWorldConfig()
     paths = gw.write_data(tmp_path, GenRubricWorldConfig(eval_queries=2))
+    assert (cfg.round.generator.temperature, cfg.round.policy.temperature,
+            cfg.round.generator.advantage_mode, cfg.round.policy.advantage_mode,
+            cfg.round.induced_responses) == (0.7, 0.5, "no_std", "no_std", 2)
     for name in RUNS:
-        c = gw.run_config(name, tmp_path, paths, cfg).round
-        assert (c.generator.temperature, c.policy.temperature, c.generator.advantage_mode,
-                c.policy.advantage_mode, c.induced_responses) == (
-            cfg.generator_temperature, cfg.policy_temperature, cfg.advantage_mode,
-            cfg.advantage_mode, cfg.induced_responses) == (0.7, 0.5, "no_std", "no_std", 2)
-        assert c.shuffle_generator_credit == (name == "control")
-    # A study's round override still wins over the world's own keys.
-    over = GenRubricWorldConfig(round_overrides=(("generator.temperature", 1.0),))
+        c = gw.run_config(name, tmp_path, paths, cfg).round.to_dict()
+        assert c.pop("shuffle_generator_credit") == (name == "control")
+        own = dataclasses.asdict(cfg.round)
+        del own["shuffle_generator_credit"]
+        assert c == own
+    # A study's round setting reaches the runs.
+    over = config_tree.replace(cfg, {"round.generator.temperature": 1.0})
     assert gw.run_config("evolving", tmp_path, paths, over).round.generator.temperature == 1.0
 
 

@@ -13,8 +13,8 @@ import jaxrubric
 from jaxrubric.rubric import grammar as grammar_lib
 from jaxrubric.rubric import templates as tpl
 from jaxrubric.rubric.verifier import verifier_readout
+from jaxrubric.toy import config_tree, tokens, world_runs, world_warm_starts
 from jaxrubric.toy import digits_task as task
-from jaxrubric.toy import tokens, world_runs, world_warm_starts
 from jaxrubric.toy.verifier_sft import verifier_examples
 from jaxrubric.toy.workdir import prepare_workdir
 from jaxrubric.toy.world_config import GENERATOR_REFERENCES, RUNS, ToyWorldConfig
@@ -252,13 +252,13 @@ def _slot_texts(tokenizer, template, ids):
 
 def test_the_answer_seeing_cold_start_looks_at_the_digits_its_answers_differ_on(tokenizer):
     cfg = ToyWorldConfig()
-    template = tpl.dynamic_rubric_generator_template(tokenizer, cfg.num_responses,
+    template = tpl.dynamic_rubric_generator_template(tokenizer, cfg.round.num_responses,
                                                      max_items=cfg.max_items, style="compact")
     prompts, targets = world_warm_starts.generator_examples(tokenizer, random.Random(0), 64, cfg)
     focused = 0
     for ids, target in zip(prompts, targets):
         question, *shown = _slot_texts(tokenizer, template, ids)
-        assert question.startswith(task.INSTRUCTION) and len(shown) == cfg.num_responses
+        assert question.startswith(task.INSTRUCTION) and len(shown) == cfg.round.num_responses
         contested = task.contested_symbols(question, shown)
         first = tokenizer.decode(target[:-1]).splitlines()[0].split("] ")[-1]
         digit = first.split(" ")[-1]
@@ -294,12 +294,16 @@ def test_verifier_examples_are_balanced_and_labelled_by_the_checker(tokenizer):
     ("teacher_sound", "has", "ToyWorldConfig.teacher_sound 'has'"),
     ("teacher_focus", "answers", "ToyWorldConfig.teacher_focus 'answers'"),
     ("anchors", "random", "ToyWorldConfig.anchors 'random'"),
-    ("policy_advantage_mode", "std", "ToyWorldConfig.policy_advantage_mode 'std' is not one of"),
     ("final_samples", 0, "ToyWorldConfig.final_samples must be >= 1"),
+    ("round.policy.advantage_mode", "std", "policy.advantage_mode 'std' is not one of"),
+    ("round.num_responses", 1, "num_responses must be >= 2"),
+    ("round.induced_responses", 2, "DynamicRubricConfig has no setting 'induced_responses'"),
 ])
 def test_toy_config_names_a_bad_choice(field, value, message):
+    """The world's own settings are checked by its config, the round's by the round config it
+    holds (a GenRubric key in the DynamicRubric world's round has nowhere to go)."""
     with pytest.raises(ValueError, match=message):
-        ToyWorldConfig(**{field: value})
+        config_tree.replace(ToyWorldConfig(), {field: value})
 
 
 def test_unknown_mistake_and_item_kinds_are_errors():
@@ -363,7 +367,8 @@ def test_every_compared_run_trains_its_policy_alike(tmp_path):
     """The policy KL and advantage mode are the world's, in every compared run alike (a
     baseline trained otherwise would not be comparable); the generators' advantages keep the
     shared mode."""
-    cfg = ToyWorldConfig(policy_beta=0.07, policy_advantage_mode="batch_std")
+    cfg = config_tree.replace(ToyWorldConfig(), {"round.policy.beta": 0.07,
+                                                 "round.policy.advantage_mode": "batch_std"})
     paths = world_runs.write_data(tmp_path, cfg)
     for name in RUNS:
         c = world_runs.run_config(name, tmp_path, paths, cfg, tmp_path / "models" / "generator")
@@ -477,8 +482,11 @@ def test_checker_advantages_rank_the_rubric_that_splits_the_answers_and_agrees_w
     that differ only on the 7, `has 7` splits them 2-2 and orders the list as ranked;
     `has 8` passes everything. The advantages are those of the library's rewards on the
     verdicts written out here."""
-    from jaxrubric.rewards.dynamic_rubric import (anchor_ranking, discriminability,
-                                                  generator_advantages)
+    from jaxrubric.rewards.dynamic_rubric import (
+        anchor_ranking,
+        discriminability,
+        generator_advantages,
+    )
     from jaxrubric.toy import diagnostics
 
     row = {"prompt": "big 3817", "answers": [{"answer": "87", "rank": 1},
@@ -508,13 +516,20 @@ def test_a_workdir_built_with_another_config_is_refused_before_it_is_reused(tmp_
     prepare_workdir(tmp_path, ToyWorldConfig(runs=("oracle",)))  # adds runs only
     # The final evaluation's samples: it is redone whenever the world runs, not cached.
     prepare_workdir(tmp_path, ToyWorldConfig(final_samples=4))
-    with pytest.raises(ValueError, match=r"another config \(policy_advantage_mode: 'no_std' "
-                                         r"there, 'group_std' now\)"):
-        prepare_workdir(tmp_path, ToyWorldConfig(policy_advantage_mode="group_std"))
+    with pytest.raises(ValueError, match=r"another config \(round.policy.advantage_mode: "
+                                         r"'no_std' there, 'group_std' now\)"):
+        prepare_workdir(tmp_path, config_tree.replace(
+            ToyWorldConfig(), {"round.policy.advantage_mode": "group_std"}))
     saved = json.loads((tmp_path / "toy_config.json").read_text())
-    del saved["policy_advantage_mode"]  # a workdir from before the key
+    del saved["round"]["policy"]["advantage_mode"]  # a workdir from before the key
     (tmp_path / "toy_config.json").write_text(json.dumps(saved))
-    with pytest.raises(ValueError, match="policy_advantage_mode: '\\(not set\\)' there"):
+    with pytest.raises(ValueError, match="round.policy.advantage_mode: '\\(not set\\)' there"):
+        prepare_workdir(tmp_path, ToyWorldConfig())
+    # A workdir saved before the round settings moved under `round`.
+    saved = json.loads((tmp_path / "toy_config.json").read_text())
+    flat = {**{k: v for k, v in saved.items() if k != "round"}, "policy_beta": 0.01}
+    (tmp_path / "toy_config.json").write_text(json.dumps(flat))
+    with pytest.raises(ValueError, match="before a world's config held its round settings"):
         prepare_workdir(tmp_path, ToyWorldConfig())
     other = tmp_path / "genrubric"
     gw_config = GenRubricWorldConfig(eval_queries=4)

@@ -9,8 +9,8 @@ import json
 import pytest
 
 import jaxrubric
+from jaxrubric.toy import config_tree, genrubric_world, stages, warm_starts, world
 from jaxrubric.toy import digits_task as task
-from jaxrubric.toy import genrubric_world, stages, warm_starts, world
 from jaxrubric.toy.genrubric_config import GenRubricWorldConfig
 from jaxrubric.toy.workdir import prepare_workdir
 from jaxrubric.toy.world_config import ToyWorldConfig
@@ -85,6 +85,12 @@ def test_the_genrubric_starts_read_only_their_settings():
     assert cfg.starts_only() == GenRubricWorldConfig()
     assert cfg.start_settings() == GenRubricWorldConfig().start_settings()
     assert GenRubricWorldConfig(answerer_steps=5).start_settings() != cfg.start_settings()
+    # Of the round, the starts read the answerer's temperature (its rubric-following check).
+    hotter = config_tree.replace(cfg, {"round.policy.temperature": 0.9,
+                                       "round.num_rubrics": 4})
+    assert hotter.starts_only() == config_tree.replace(
+        GenRubricWorldConfig(), {"round.policy.temperature": 0.9})
+    assert hotter.start_settings() == {**cfg.start_settings(), "round.policy.temperature": 0.9}
 
 
 def _write_start(workdir, cfg):
