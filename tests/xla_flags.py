@@ -16,12 +16,15 @@ FAKE_DEVICES = fake_devices(8)  # the test session's
 # process (a crashed xdist worker); on a loaded 2-core CI machine the 8 fake devices' threads
 # can be that late without anything being wrong, so the tests wait up to 10 minutes.
 COLLECTIVE_TIMEOUT = "--xla_cpu_collective_call_terminate_timeout_seconds=600"
-# XLA:CPU's cheapest code generation (LLVM's optimisation passes off). Most tests compile far
-# more than they run: on the GenRubric and DynamicRubric round tests it cut user time by a
-# quarter (184 s -> 138 s). Every comparison inside a test is between programs compiled alike;
-# the toy worlds, whose results are draws of the user's default compile, run without it
+# XLA:CPU's cheapest code generation: LLVM's optimisation passes off, and fusions emitted by
+# the older direct-to-LLVM emitter instead of the MLIR fusion emitters. Most tests compile far
+# more than they run: the optimisation level cut the GenRubric and DynamicRubric round tests'
+# user time by a quarter (184 s -> 138 s), the emitter the DynamicRubric round test's time by a
+# third again (35.9 s -> 24.0 s). Every comparison inside a test is between programs compiled
+# alike; the toy worlds, whose results are draws of the user's default compile, run without it
 # (`as_a_user_runs`).
-FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+FAST_COMPILE = ("--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true "
+                "--xla_cpu_use_fusion_emitters=false")
 
 
 # XLA's CPU client sizes its thread pool by NPROC, else by the cores. On 2 cores a round on a
