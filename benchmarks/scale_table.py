@@ -48,8 +48,33 @@ def measure(recipe: str, slice_name: str) -> dict:
     plan = plan_memory(config, parse_bytes(chosen.device_memory), devices=len(devices),
                        platform=devices[0].platform)
     limit = plan["device_memory"] if devices[0].platform == "tpu" else None
-    compiled = plan_compile.compiled_memory(config, devices, limit)
+    if config.stage_programs:
+        compiled = per_stage(config, devices, limit)
+    else:
+        compiled = plan_compile.compiled_memory(config, devices, limit)
     return row_of(recipe, slice_name, config, plan, compiled, devices)
+
+
+def per_stage(config, devices: list, limit: int | None) -> dict:
+    """A round of a program per stage (`config.stage_programs`) in `compiled_memory`'s terms:
+    the arguments are the round's arrays a chip holds, the peak the largest stage program's
+    with the state it does not read (`plan.compile.stage_peak`), the temporaries the peak less
+    the arguments; the costs by stage."""
+    from jaxrubric.plan import compile as plan_compile
+
+    try:
+        compiled = plan_compile.compiled_stage_memory(config, devices, limit)
+    except plan_compile.StageFailed as err:
+        if err.oom is None:
+            raise
+        return {"oom": err.oom, "seconds": 0.0}
+    (mesh,) = compiled["meshes"].values()
+    peak = max(plan_compile.stage_peak(mesh["state"], s) for s in mesh["stages"].values())
+    return {"argument": mesh["state"], "temp": peak - mesh["state"], "peak": peak,
+            "cost": {k: s["cost"] for k, s in mesh["stages"].items()},
+            "model_flops": compiled["model_flops"], "seconds": compiled["seconds"],
+            "stage_peaks": {k: plan_compile.stage_peak(mesh["state"], s)
+                            for k, s in mesh["stages"].items()}}
 
 
 def row_of(recipe: str, slice_name: str, config, plan: dict, compiled: dict,
@@ -89,7 +114,9 @@ def row_of(recipe: str, slice_name: str, config, plan: dict, compiled: dict,
         binds={k: b.binds for k, b in bounds.items()},
         repeated={k: roofline.repeated(bounds[k], work[k], len(devices))
                   for k in bounds if k in work},
-        decode_bytes=decode)
+        decode_bytes=decode, stage_programs=bool(config.stage_programs))
+    if "stage_peaks" in compiled:
+        row["stage_peaks"] = compiled["stage_peaks"]
     return row
 
 

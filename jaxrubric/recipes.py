@@ -32,6 +32,9 @@ class Slice:
     rollout_micro_batches: int
     update_micro_batches: int
     lora_rank: int = 0  # 0: full fine-tuning; else rank-r LoRA on every projection
+    # A program per stage (`config.stage_programs`): where the round as one program does not
+    # fit, because the compiler packs every stage's buffers into one layout.
+    stage_programs: bool = False
 
     @property
     def chips(self) -> int:
@@ -44,9 +47,11 @@ class Slice:
 # Decoding is tensor-parallel over the chips that shard the weights (`sharding.decoding_rules`):
 # the 8B models' 8 kv heads divide among 4 or 8 of them, so the 16 chips of a v5e-16 are two
 # groups of 8 (`data=2`). Update micro-batches leave each micro-batch at least one prompt per
-# chip holding the batch (a chip with none would repeat another's rows).
+# chip holding the batch (a chip with none would repeat another's rows). On a v5p-8 the
+# DynamicRubric round as one program needs 87.9 GiB a chip and its largest stage program 80.2
+# (docs/scale.md).
 SLICES: dict[str, Slice] = {
-    "v5p-8": Slice("v5p:2x2x1", "95GiB", (("fsdp", 4),), 8, 16),
+    "v5p-8": Slice("v5p:2x2x1", "95GiB", (("fsdp", 4),), 8, 16, stage_programs=True),
     "8xH100": Slice("8xH100", "80GiB", (("fsdp", 8),), 8, 8),
     "v6e-8": Slice("v6e:2x4", "32GiB", (("fsdp", 8),), 8, 8, lora_rank=16),
     "v5e-16": Slice("v5e:4x4", "16GiB", (("data", 2), ("fsdp", 8)), 8, 4, lora_rank=16),
@@ -62,14 +67,16 @@ def slice_named(name: str) -> Slice:
 
 
 def sized_for(config: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
-    """`config` (a papers' recipe) sized for slice `name`: its mesh, its micro-batches and, on
-    a slice where full fine-tuning does not fit, LoRA on the policy and the generator (fp32
+    """`config` (a papers' recipe) sized for slice `name`: its mesh, its micro-batches, a
+    program per stage where one round program does not fit and, on a slice where full
+    fine-tuning does not fit, LoRA on the policy and the generator (fp32
     adapters over a bf16 base, 10x the full-fine-tuning learning rates, as LoRA wants)."""
     chosen = slice_named(name)
     for axis in ("data", "fsdp", "tensor"):
         config.mesh[axis] = dict(chosen.mesh).get(axis, 1)
     config.round.rollout_micro_batches = chosen.rollout_micro_batches
     config.round.update_micro_batches = chosen.update_micro_batches
+    config.stage_programs = chosen.stage_programs
     if chosen.lora_rank:
         for role in ("policy", "generator"):
             config[role].lora.rank = chosen.lora_rank

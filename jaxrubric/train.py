@@ -144,7 +144,9 @@ class CoevolveTask:
             self.meshes = placement.make_submeshes(dict(config.submeshes))
         else:
             self.meshes = dict.fromkeys(ROLES, shd.make_mesh(dict(config.mesh)))
-        self.colocated = len({id(m) for m in self.meshes.values()}) == 1
+        # One program per round, or one per stage (sub-meshes, `config.stage_programs`).
+        self.colocated = (len({id(m) for m in self.meshes.values()}) == 1
+                          and not config.stage_programs)
         if config.round.runtime_switches and not self.colocated:
             raise ValueError("config.round.runtime_switches needs every role on one mesh "
                              "(config.submeshes empty): sub-mesh stages compile apart anyway")

@@ -4,7 +4,7 @@ Lowers and compiles the round exactly as training builds it, from shapes (`plan.
 weights), without running it, for this machine's devices (`--compile`) or a TPU slice's or
 GPUs' (`--topology`, `plan.topology`), and sets XLA's memory analysis beside the plan's estimate:
 the whole round when the roles share a mesh, each stage program (`placement.SubMeshes`) when
-they are on sub-meshes; with each program's FLOPs and bytes (`plan.hlo_cost`) for the
+they are on sub-meshes or `config.stage_programs` asks for them; with each program's FLOPs and bytes (`plan.hlo_cost`) for the
 roofline (`plan.roofline`).
 """
 
@@ -54,7 +54,12 @@ STAGES = tuple(dict.fromkeys(stage_key(role, keep) for role in ROLES for keep in
 
 
 class StageFailed(PlanError):
-    """A stage that does not lower or compile for the target, named by stage and role."""
+    """A stage that does not lower or compile for the target, named by stage and role; `oom`:
+    the compiler's refusal where the stage does not fit the memory (`OutOfMemory`)."""
+
+    def __init__(self, message: str, oom: OutOfMemory | None = None):
+        super().__init__(message)
+        self.oom = oom
 
 
 def _failed(what: str, err: Exception) -> StageFailed:
@@ -245,12 +250,15 @@ class StageCompiler:
     """A `placement.Placement` that compiles each stage's program as `placement.SubMeshes`
     jits it, for abstract inputs, and runs nothing: the stage's outputs come back abstract,
     with the compiler's shardings, for the next stage to compile against. `stages` records
-    each program's memory analysis, FLOPs and bytes (`hlo_cost`), compile time and the bytes
-    per device it receives from other meshes."""
+    each program's memory analysis, FLOPs and bytes (`hlo_cost`), compile time, the bytes
+    per device it receives from other meshes (`moved`) and those of its arguments that are
+    the round's own arrays (`from_state`: of `state`, whose ids it is given)."""
 
-    def __init__(self, meshes: Mapping[Role, Mesh], memory_limit: int | None = None):
+    def __init__(self, meshes: Mapping[Role, Mesh], memory_limit: int | None = None,
+                 state: Any = ()):
         self.meshes = dict(meshes)
         self.memory_limit = memory_limit
+        self._state_ids = {id(x) for x in jax.tree.leaves(state)}
         self.stages: list[dict[str, Any]] = []
         self._moved: dict[str, dict[int, tuple[Any, Any]]] = {}  # per plan stage, by source
 
@@ -274,9 +282,11 @@ class StageCompiler:
                               f"GiB of temporaries per chip"
                               + (f" and {oom.argument / GIB:.2f} GiB of arguments"
                                  if oom.argument else "")
-                              + f", over the {self.memory_limit / GIB:.2f} GiB allowed")
+                              + f", over the {self.memory_limit / GIB:.2f} GiB allowed", oom)
         cost = hlo_cost.stage_costs(compiled.as_text())
-        self.stages.append({"role": role, "stage": key, "moved": moved,
+        from_state = sum(_device_bytes(x) for x in jax.tree.leaves(placed)
+                         if id(x) in self._state_ids)
+        self.stages.append({"role": role, "stage": key, "moved": moved, "from_state": from_state,
                             **_memory(compiled), "seconds": time.perf_counter() - start,
                             "cost": hlo_cost.total(cost),
                             "unknown_loops": cost["unknown_loops"].flops})
@@ -313,12 +323,13 @@ def compiled_stage_memory(config: ml_collections.ConfigDict,
         local_devices_for(config)
     start = time.perf_counter()
     built = abstract_round(config, jax.devices() if devices is None else devices)
-    compiler = StageCompiler(built.meshes, memory_limit)
     # The round adds one to its counter between the stages, outside every program: a host
     # number stands in for it.
+    state = built.state._replace(round=np.int32(0))
+    compiler = StageCompiler(built.meshes, memory_limit,
+                             (state, built.frozen, built.batch, built.rng))
     placement.within(compiler, built.method.round)(
-        built.setup, built.state._replace(round=np.int32(0)), built.frozen, built.batch,
-        built.rng)
+        built.setup, state, built.frozen, built.batch, built.rng)
     groups: dict[int, list[Role]] = {}
     for role, mesh in built.meshes.items():
         groups.setdefault(id(mesh), []).append(role)
@@ -385,10 +396,12 @@ def format_comparison(plan: dict[str, Any], compiled: dict[str, Any]) -> str:
 
 
 def stage_peak(state: int, analysis: Mapping[str, int]) -> int:
-    """What a chip of a sub-mesh holds while a stage program runs: its mesh's state, the
-    program's temporaries, the inputs moved to it and its outputs not written in place."""
-    return (state + analysis["temp"] + analysis["moved"] + analysis["output"]
-            - analysis["alias"])
+    """What a chip holds while a stage program runs: the program's own peak (its arguments,
+    among them the inputs moved to it and what earlier stages left it, with its temporaries
+    and the outputs not written in place, as the compiler lays them out: on TPU temporaries
+    reuse donated arguments' memory) and the rest of its mesh's state, which the program
+    does not read."""
+    return state - analysis["from_state"] + analysis["peak"]
 
 
 def stage_temporaries(section: dict[str, Any], stage: str) -> int:
@@ -401,9 +414,10 @@ def stage_temporaries(section: dict[str, Any], stage: str) -> int:
 
 
 def format_stage_comparison(plan: dict[str, Any], compiled: dict[str, Any]) -> str:
-    """Per sub-mesh, the built task's state and each compiled stage's temporaries and moved
-    inputs (`compiled_stage_memory`) beside the plan's."""
-    sections = {s["name"]: s for s in plan["meshes"]}
+    """Per mesh, the built task's state and each compiled stage's temporaries and moved
+    inputs (`compiled_stage_memory`) beside the plan's: roles on sub-meshes, or every role on
+    one mesh with a program per stage (`config.stage_programs`)."""
+    sections = {s["name"]: s for s in plan.get("meshes", [dict(plan, name=mesh_name(ROLES))])}
     unit, scale = table_unit(plan["total"])
     row = lambda label, real, est: (  # noqa: E731
         f"{label:<48}{real / scale:>12.2f}{est / scale:>12.2f}{est / max(real, 1):>11.2f}")
@@ -423,8 +437,8 @@ def format_stage_comparison(plan: dict[str, Any], compiled: dict[str, Any]) -> s
                 lines.append(row(f"  {stage}: inputs from other meshes", analysis["moved"],
                                  moved))
         peak = max(stage_peak(real["state"], a) for a in real["stages"].values())
-        lines += [row("  peak: state + the largest stage's temporaries, moved inputs and new "
-                      "outputs", peak, section["total"]),
+        lines += [row("  peak: the largest stage program's own and the state it does not read",
+                      peak, section["total"]),
                   f"  XLA's peak against {plan['usable'] / GIB:.2f} GiB usable -> "
                   f"{verdict(peak, plan['usable'])}"]
     return "\n".join(lines)
@@ -449,7 +463,7 @@ def comparison(plan: dict[str, Any], config: ml_collections.ConfigDict,
     # exact, and it tries harder (rematerialises more) the less room it has; the headroom is
     # then applied to the peak it reports.
     limit = None if chip is None or chip.platform != "tpu" else plan["device_memory"]
-    if "meshes" in plan:
+    if "meshes" in plan or plan["stage_programs"]:
         compiled = compiled_stage_memory(config, devices, limit)
         stages = {k: a for m in compiled["meshes"].values() for k, a in m["stages"].items()}
         lines = [format_stage_comparison(plan, compiled)]

@@ -201,8 +201,10 @@ def plan_memory(config: ml_collections.ConfigDict, device_memory: int, *, headro
     inputs it receives from other meshes (none here). On sub-meshes a chip holds only its
     roles' state and runs only their stages, so `meshes` has those keys per distinct mesh
     (with its `roles` and `name`); `total` is the largest peak and `fits` holds when every
-    mesh fits. `platform` (`tpu`, `gpu`; None: this machine's) picks the attention backend the
-    estimate counts for `attention_impl=auto`.
+    mesh fits. Either way a chip's peak is its state and its largest stage's phase: each stage
+    a program of its own (`config.stage_programs` on one mesh, `stage_programs` here) is what
+    the estimate assumes. `platform` (`tpu`, `gpu`; None: this machine's) picks the attention
+    backend the estimate counts for `attention_impl=auto`.
     """
     if not 0 <= headroom < 1:
         raise PlanError(f"--headroom must be in [0, 1), got {headroom}")
@@ -257,7 +259,7 @@ def plan_memory(config: ml_collections.ConfigDict, device_memory: int, *, headro
                     **{f"verifier {v.name}": v.length for v in shapes.verification}},
         "templates_estimated": tokenizer is None,
         "device_memory": device_memory, "headroom": headroom, "usable": usable,
-        "notes": notes,
+        "notes": notes, "stage_programs": bool(config.stage_programs),
     }
     if colocated:
         return {**plan, **sections[0][1]}

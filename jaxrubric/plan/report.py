@@ -45,7 +45,8 @@ def format_plan(plan: dict[str, Any], title: str = "") -> str:
     head = f"jaxrubric plan: {title} ({plan['method']}), "
     lines = [head + (f"roles on {len(meshes)} sub-meshes = {plan['devices']} devices" if meshes
                      else f"mesh {shape(plan['mesh'])} = {plan['devices']} devices, batch split "
-                          f"{plan['batch_ways']} ways")]
+                          f"{plan['batch_ways']} ways"
+                          + (", a program per stage" if plan.get("stage_programs") else ""))]
     for role, m in plan["models"].items():
         weights = (f"{m['param_dtype']} weights" if not m.get("lora_rank") else
                    f"{m['dtype']} base + rank-{m['lora_rank']} {m['param_dtype']} LoRA adapters "

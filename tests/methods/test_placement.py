@@ -156,3 +156,17 @@ def test_submesh_round_equals_the_colocated_round(config_name, common, options, 
         assert error < rtol, f"the {role} updates differ by {error:.3g} of their size"
     for name, want in colocated.get("eval", {}).items():
         assert float(split["eval"][name]) == pytest.approx(float(want), rel=1e-4, abs=1e-6), name
+
+
+def test_stage_programs_put_each_stage_in_a_program_of_its_own_on_the_one_mesh():
+    """`config.stage_programs`: every role on `config.mesh`, the round run as `SubMeshes` runs
+    it (a program per stage, nothing moved: one mesh), which the one-program-vs-separate
+    benchmark's test holds equal to the round as one program
+    (tests/benchmarks/test_benchmark_tables.py); it cannot keep runtime switches."""
+    config = CONFIGS / "tiny_dynamic_rubric.py"
+    task = CoevolveTask(load_config(config, ["stage_programs=true"]))
+    assert not task.colocated
+    assert isinstance(task._round.placement, placement.SubMeshes)
+    assert {id(mesh) for mesh in task._round.placement.meshes.values()} == {id(task.mesh)}
+    with pytest.raises(ConfigFileError, match="runtime_switches needs the round as one program"):
+        load_config(config, ["stage_programs=true", "round.runtime_switches=true"])

@@ -461,6 +461,14 @@ def test_shared_submeshes():
         GIB)
     assert plan.format_plan(one) == plan.format_plan(colocated_plan("tiny_dynamic_rubric.py",
                                                                     "fsdp=8"))
+    # Each stage a program of its own on that one mesh (`config.stage_programs`): the memory
+    # the plan counts either way (a chip's state and its largest stage), said in the header;
+    # `--compile` then compiles each stage's program.
+    staged = plan.plan_memory(load_config(TINY, ["mesh.fsdp=8", "stage_programs=true"]), GIB)
+    assert (staged["state"], staged["phases"], staged["total"]) == (
+        one["state"], one["phases"], one["total"])
+    assert staged["stage_programs"] and not one["stage_programs"]
+    assert "batch split 8 ways, a program per stage" in plan.format_plan(staged)
 
 
 def test_frozen_role_runs_no_update():
