@@ -7,6 +7,7 @@ commands, is in the docs (`docs/toy_worlds_measured.md`).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from jaxrubric.methods.genrubric import GenRubricConfig
@@ -114,6 +115,8 @@ class GenRubricWorldConfig:
     bootstrap: int = 2000  # resamples of the queries for the intervals
 
     def __post_init__(self) -> None:
+        if isinstance(self.round, Mapping):  # the round as saved (JSON), e.g. toy_config.json
+            object.__setattr__(self, "round", GenRubricConfig.from_tree(self.round))
         unknown = set(self.runs) - set(RUNS)
         if unknown:
             raise ValueError(f"unknown GenRubric toy runs {sorted(unknown)}; choose from {RUNS}")

@@ -7,6 +7,7 @@ commands, is in the docs (`docs/toy_worlds_measured.md`).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from jaxrubric.methods.dynamic_rubric import DynamicRubricConfig
@@ -170,6 +171,8 @@ class ToyWorldConfig:
     runs: tuple[str, ...] = RUNS
 
     def __post_init__(self) -> None:
+        if isinstance(self.round, Mapping):  # the round as saved (JSON), e.g. toy_config.json
+            object.__setattr__(self, "round", DynamicRubricConfig.from_tree(self.round))
         unknown = set(self.runs) - set(RUNS)
         if unknown:
             raise ValueError(f"unknown toy runs {sorted(unknown)}; choose from {RUNS}")

@@ -283,8 +283,8 @@ def test_the_world_raises_agreement_above_its_control_and_recomputes_the_logged_
     from jaxrubric.train_loop import read_eval_history
 
     workdir = tmp_path / "genrubric"
-    over = {k: v for k, v in dataclasses.asdict(SHORT).items()
-            if v != getattr(GenRubricWorldConfig(), k)}
+    default = dataclasses.asdict(GenRubricWorldConfig())
+    over = {k: v for k, v in dataclasses.asdict(SHORT).items() if v != default[k]}
     script = ("import json, sys\nfrom jaxrubric.toy import genrubric_world as gw\n"
               "gw.run_genrubric_world(sys.argv[1], gw.GenRubricWorldConfig(**json.loads("
               "sys.argv[2])))\n")

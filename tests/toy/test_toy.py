@@ -536,3 +536,18 @@ def test_a_workdir_built_with_another_config_is_refused_before_it_is_reused(tmp_
     assert prepare_workdir(other, gw_config)[0] == other
     with pytest.raises(ValueError, match="eval_queries: 4 there, 128 now"):
         prepare_workdir(other, GenRubricWorldConfig())
+
+
+def test_a_world_config_is_rebuilt_from_its_saved_form():
+    """A world's config saved as JSON (`toy_config.json`, a test's overrides) builds the same
+    config again, its round from the nested mapping."""
+    import dataclasses
+
+    from jaxrubric.toy.genrubric_config import GenRubricWorldConfig
+
+    for config in (ToyWorldConfig(), GenRubricWorldConfig(),
+                   config_tree.replace(ToyWorldConfig(), {"round.policy.beta": 0.07})):
+        saved = json.loads(json.dumps(dataclasses.asdict(config)))
+        rebuilt = type(config)(**{k: tuple(v) if isinstance(v, list) else v
+                                  for k, v in saved.items()})
+        assert rebuilt == config

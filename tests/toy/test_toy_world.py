@@ -40,8 +40,8 @@ NOTEBOOK = Path(__file__).parents[2] / "colab" / "quickstart.ipynb"
 
 
 def _short_overrides() -> dict:
-    return {k: v for k, v in dataclasses.asdict(SHORT).items()
-            if v != getattr(ToyWorldConfig(), k)}
+    default = dataclasses.asdict(ToyWorldConfig())
+    return {k: v for k, v in dataclasses.asdict(SHORT).items() if v != default[k]}
 
 
 @pytest.mark.slow
