@@ -63,10 +63,8 @@ def base_config(method: str = "dynamic_rubric") -> ml_collections.ConfigDict:
     # such as "fsdp=4" or an earlier role's name to share its mesh, e.g. policy "fsdp=4",
     # generator "policy", verifier "data=-1" (jaxrubric.placement). Then `mesh` is unused.
     c.submeshes = ml_collections.ConfigDict({"policy": "", "generator": "", "verifier": ""})
-    # Each stage a program of its own (`placement.SubMeshes`), also where the roles share one
-    # mesh: the compiler then lays out each stage's buffers apart, and the round's peak is its
-    # largest stage's instead of one program's packing of every stage (docs/scale.md: the 8B
-    # DynamicRubric round on a v5p-8). False: on one mesh, the round is one program.
+    # A program per stage (`placement.SubMeshes`) also on one mesh: the compiler lays out each
+    # stage's buffers apart, not all in one program's layout (docs/scale.md: 8B on v5p-8).
     c.stage_programs = False
     c.tokenizer = ""  # a folder or hub id; empty: the policy checkpoint's tokenizer
     c.chat_template_kwargs = ml_collections.ConfigDict({})
@@ -588,14 +586,12 @@ def _check_choices(config: ml_collections.ConfigDict, method: Method) -> None:
 
 
 def check_submeshes(config: ml_collections.ConfigDict) -> None:
-    """All three sub-meshes given or none; each a mesh or an earlier role (the device count is
-    checked when the meshes are made)."""
+    """All three sub-meshes given or none, each a mesh or an earlier role's; devices: later."""
     specs = dict(config.submeshes)
     if set(specs) != set(ROLES):
         raise ConfigFileError(f"config.submeshes has {sorted(specs)}, expected {list(ROLES)}")
-    if config.stage_programs and config.round.runtime_switches:
-        raise ConfigFileError("config.round.runtime_switches needs the round as one program: "
-                              "config.stage_programs=True compiles a program per stage")
+    if config.stage_programs and config.round.runtime_switches:  # a program per stage
+        raise ConfigFileError("config.round.runtime_switches needs the round as one program")
     if not any(specs.values()):
         return
     try:
