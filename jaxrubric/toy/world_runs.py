@@ -63,7 +63,8 @@ def run_config(name: str, workdir: Path, paths: dict[str, Path], cfg: ToyWorldCo
                generator: Path) -> ml_collections.ConfigDict:
     """The training config of one toy run; `name` is a run of `RUNS`, or "generator" /
     "generator_static" (the generator's rounds against the frozen warm-started policy)."""
-    c = toy_run_config(workdir, paths, generator, run_round(name, cfg), method="dynamic_rubric",
+    round_config = run_round(name, cfg)
+    c = toy_run_config(workdir, paths, generator, round_config, method="dynamic_rubric",
                        seed=cfg.seed, batch_size=cfg.batch_size,
                        eval_batch_size=cfg.eval_batch_size, max_items=cfg.max_items,
                        max_item_tokens=cfg.max_item_tokens, generator_lr=cfg.generator_lr,
@@ -72,7 +73,7 @@ def run_config(name: str, workdir: Path, paths: dict[str, Path], cfg: ToyWorldCo
     c.data.policy_tokens = POLICY_TOKENS
     c.data.num_anchors = cfg.num_anchors
     c.optim.policy_lr = cfg.policy_lr
-    static = name in STATIC_RUNS or name == "generator_static"
+    static = round_config.rubric_source == "static"
     if cfg.round.explorer_rubrics:
         c.generator.explorer = str(
             workdir / "models" / ("generator_cold_static" if static else "generator_cold"))
