@@ -15,20 +15,26 @@ import dataclasses
 import functools
 import importlib.util
 import json
-import types
-import typing
 from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import ml_collections
 
-from jaxrubric import config_layouts
+from jaxrubric import config_layouts, config_types
 from jaxrubric.methods import METHODS, get_method
 from jaxrubric.methods.method import Method
 from jaxrubric.methods.round_config import RoleConfig, RoundConfig
-from jaxrubric.models.config import (ATTENTION_IMPLS, LORA_TARGETS, REMAT_POLICIES, ConfigError,
-                                     DTypeLike, LoraConfig, did_you_mean, dtype_name)
+from jaxrubric.models.config import (
+    ATTENTION_IMPLS,
+    LORA_TARGETS,
+    REMAT_POLICIES,
+    ConfigError,
+    DTypeLike,
+    LoraConfig,
+    did_you_mean,
+    dtype_name,
+)
 from jaxrubric.placement import resolve_submeshes
 from jaxrubric.roles import ROLES, TRAINED
 from jaxrubric.rubric.templates import STYLES
@@ -124,8 +130,17 @@ def base_config(method: str = "dynamic_rubric") -> ml_collections.ConfigDict:
     # wandb: also log TensorBoard's scalars and texts to W&B (needs `pip install
     # 'jaxrubric[wandb]'`), to project `wandb_project` (empty: WANDB_PROJECT or W&B's default)
     # as run `wandb_run_name` (empty: W&B picks one); a rerun in the workdir continues the run.
+    # card_every: rubric cards of the first `card_prompts` prompts every this many rounds (0:
+    # none) to cards.jsonl, TensorBoard and W&B (docs/observability.md).
     c.logging = ml_collections.ConfigDict({"wandb": False, "wandb_project": "jaxrubric",
-                                           "wandb_run_name": ""})
+                                           "wandb_run_name": "", "card_every": 10,
+                                           "card_prompts": 2})
+    # The reward-hacking watch (jaxrubric.watch): `gold` an eval metric no rubric trains on
+    # (empty: eval/quality where the world has a ground truth), compared with the training
+    # reward over `window` evaluations; `length_corr`: the score-length correlation to warn
+    # at (> 0: long answers paid for, < 0: short); `stop`: save and stop at a warning.
+    c.watch = ml_collections.ConfigDict({"gold": "", "window": 3, "length_corr": 0.5,
+                                         "stop": False})
     # Stop once a role's update has been skipped (non-finite loss or gradient) this many rounds
     # in a row; its weights are kept as they were before the skips.
     c.max_skipped_rounds = 3
@@ -299,7 +314,7 @@ def apply_override(config: ml_collections.ConfigDict, override: str) -> None:
         raise ConfigFileError(f"override {override!r} is not key=value")
     section, _, name = key.partition(".")
     if section in _FREE_FORM and name and "." not in name:
-        value = _free_form_value(raw)
+        value = config_types.free_form_value(raw)
     elif key in _field_types() and key not in _FREE_FORM:
         value = _parse(key, raw, _field_types()[key])
     elif key in _known():
@@ -311,69 +326,20 @@ def apply_override(config: ml_collections.ConfigDict, override: str) -> None:
 
 def _parse(key: str, raw: str, hint: Any) -> Any:
     """`raw` as a value of the declared type `hint`, the first member of a union that parses."""
-    members = _union_members(hint)
+    members = config_types.union_members(hint)
     if type(None) in members and raw.lower() == "none":
         return None
     for member in members:
         try:
-            return _cast(raw, member)
+            return config_types.cast(raw, member)
         except ValueError:
             continue
-    raise ConfigFileError(f"config.{key} takes a {_type_name(hint)}, got {raw!r}")
+    raise ConfigFileError(f"config.{key} takes a {config_types.type_name(hint)}, got {raw!r}")
 
 
-def _cast(raw: str, hint: Any) -> Any:
-    """`raw` as one type (ValueError if it is not one), spelled as on a command line."""
-    if hint is type(None):
-        raise ValueError(raw)  # only `none` is None, handled by the caller
-    if hint is bool:
-        if raw.lower() not in ("true", "false", "1", "0"):
-            raise ValueError(raw)
-        return raw.lower() in ("true", "1")
-    if typing.get_origin(hint) is typing.Literal:
-        return raw  # checked against its registry by check_config
-    return hint(raw)
 
 
-def _free_form_value(raw: str) -> Any:
-    """A chat-template argument has no declared type: true/false, a JSON number, or text."""
-    if raw.lower() in ("true", "false"):
-        return raw.lower() == "true"
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError:
-        return raw
-    return value if isinstance(value, (int, float)) else raw
 
-
-def _union_members(hint: Any) -> tuple[Any, ...]:
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        return typing.get_args(hint)
-    return (hint,)
-
-
-def _type_name(hint: Any) -> str:
-    if typing.get_origin(hint) is typing.Literal:
-        return type(typing.get_args(hint)[0]).__name__
-    if hint is type(None):
-        return "None"
-    members = _union_members(hint)
-    if len(members) > 1:
-        return " or ".join(_type_name(member) for member in members)
-    return hint.__name__
-
-
-def _matches(value: Any, hint: Any) -> bool:
-    """Whether `value` has the declared type (an int is a float; a bool is neither)."""
-    members = _union_members(hint)
-    if len(members) > 1:
-        return any(_matches(value, member) for member in members)
-    if typing.get_origin(hint) is typing.Literal:
-        return any(type(value) is type(arg) for arg in typing.get_args(hint))
-    if hint in (int, float):
-        return isinstance(value, int if hint is int else (int, float)) and not isinstance(
-            value, bool)
-    return isinstance(value, hint)
 
 
 @functools.cache
@@ -515,6 +481,11 @@ def check_config(config: ml_collections.ConfigDict) -> None:
         path = config.data[key]
         if Path(path).suffix in (".jsonl", ".json", ".parquet") and not Path(path).exists():
             raise ConfigFileError(f"config.data.{key}: {path} does not exist")
+    if config.logging.card_every < 0 or config.logging.card_prompts < 1:
+        raise ConfigFileError("config.logging.card_every must be >= 0 and card_prompts >= 1")
+    if config.watch.window < 2 or not 0 < abs(config.watch.length_corr) <= 1:
+        raise ConfigFileError("config.watch.window must be >= 2, watch.length_corr in [-1, 1], "
+                              "not 0")
     if config.eval_every < 0 or config.profile_round < 0:
         raise ConfigFileError("config.eval_every and config.profile_round must be >= 0")
     if config.optim.warmup_steps < 0:
@@ -564,8 +535,8 @@ def _check_types(config: ml_collections.ConfigDict) -> None:
     """Each value has its key's declared type (dtypes are checked by `_check_choices`)."""
     for key, value in _leaves(config):
         hint = _field_types()[key]
-        if key not in _DTYPE_KEYS and not _matches(value, hint):
-            raise ConfigFileError(f"config.{key} takes a {_type_name(hint)}, got {value!r} "
+        if key not in _DTYPE_KEYS and not config_types.matches(value, hint):
+            raise ConfigFileError(f"config.{key} takes a {config_types.type_name(hint)}, got {value!r} "
                                   f"({type(value).__name__})")
 
 

@@ -28,6 +28,17 @@ from tqdm.auto import tqdm
 REWARD_METRIC = "policy/reward"
 
 
+@dataclasses.dataclass(frozen=True)
+class CardLog:
+    """A round's rubric cards as the loop writes them: `records` (JSON objects, a line each of
+    `cards.jsonl`), `texts` for TensorBoard's and W&B's text panels, and `table` (column
+    names, rows) for a W&B table."""
+
+    records: list[dict[str, Any]]
+    texts: dict[str, str]
+    table: tuple[list[str], list[list[Any]]]
+
+
 def scalar_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
     """The numeric single-element entries of a host-side metrics dict, as Python floats.
 
@@ -69,6 +80,9 @@ class SummaryWriter:
             summary.MergeFrom(text_pb(tag, str(text)))
         self._add(event_pb2.Event(step=step, summary=summary))
 
+    def table(self, step: int, tag: str, table: tuple[list[str], list[list[Any]]]) -> None:
+        """Nothing: TensorBoard has no tables; the same cards are in its text tab."""
+
     def flush(self) -> None:
         if self._writer is not None:
             self._writer.flush()
@@ -90,6 +104,7 @@ class Writer(Protocol):
     def start(self, step: int) -> None: ...
     def scalars(self, step: int, values: Mapping[str, float]) -> None: ...
     def texts(self, step: int, values: Mapping[str, str]) -> None: ...
+    def table(self, step: int, tag: str, table: tuple[list[str], list[list[Any]]]) -> None: ...
     def flush(self) -> None: ...
     def close(self) -> None: ...
 
@@ -146,6 +161,11 @@ class WandbWriter:
             f'<pre style="white-space: pre-wrap">{html.escape(str(text))}</pre>')
             for tag, text in values.items()}, step=step)
 
+    def table(self, step: int, tag: str, table: tuple[list[str], list[list[Any]]]) -> None:
+        """A W&B table (one per card round: its rows are that round's rubric items)."""
+        columns, rows = table
+        self._run.log({tag: self._wandb.Table(columns=columns, data=rows)}, step=step)
+
     def flush(self) -> None:
         """Nothing: W&B's service process takes each row as it is logged."""
 
@@ -173,6 +193,10 @@ class Writers:
     def texts(self, step: int, values: Mapping[str, str]) -> None:
         for writer in self.writers:
             writer.texts(step, values)
+
+    def table(self, step: int, tag: str, table: tuple[list[str], list[list[Any]]]) -> None:
+        for writer in self.writers:
+            writer.table(step, tag, table)
 
     def flush(self) -> None:
         for writer in self.writers:

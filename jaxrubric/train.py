@@ -24,9 +24,10 @@ from jaxrubric import flops, placement
 from jaxrubric import sharding as shd
 from jaxrubric.config import base_config, load_config, role_lora, round_config, saved_config
 from jaxrubric.data import load_anchors, prompt_text
-from jaxrubric.logging_utils import WandbSettings
+from jaxrubric.logging_utils import CardLog, WandbSettings
 from jaxrubric.methods import get_method
 from jaxrubric.methods.batches import batch_shapes, encode_batch
+from jaxrubric.methods.cards import build_cards, card_table, card_text
 from jaxrubric.methods.data import (Frozen, RoleState, RoundBatch, RoundResult, RoundState,
                                     base_weights, role_weights, trainable)
 from jaxrubric.methods.programs import make_round_step, make_submesh_round_step
@@ -36,6 +37,7 @@ from jaxrubric.models.config import LoraConfig
 from jaxrubric.models.transformer import Decoder
 from jaxrubric.roles import ROLES, TRAINED, Role
 from jaxrubric.train_loop import restore_checkpoint, run_training
+from jaxrubric.watch import WatchSettings
 
 CONFIG_FILE = "config.json"
 # A method with its own held-out rows (GenRubric) appends each evaluation's score matrices here,
@@ -333,6 +335,28 @@ class CoevolveTask:
                 "sample/rubric": decode(*first[4:6])}
 
 
+    def cards(self, state: RoundState, batch: RoundBatch, result: RoundResult,
+              round_: int) -> CardLog:
+        """Rubric cards of the batch's first `logging.card_prompts` prompts: only those rows
+        leave the device."""
+        rows = min(self.config.logging.card_prompts, self.config.data.batch_size)
+        # Every process calls this (a row may live on another host: gathered, a collective).
+        outputs, question = jax.tree.map(
+            lambda x: np.asarray(x if x.is_fully_addressable
+                                 else multihost_utils.process_allgather(x, tiled=True)),
+            jax.tree.map(lambda x: x[:rows], (result.outputs, (batch.question.tokens,
+                                                                batch.question.lengths))))
+        rc = self.setup.config
+        records = build_cards(
+            outputs, question, self.tokenizer, round_=round_, method=self.method.name,
+            soft_verdicts=rc.soft_verdicts,
+            # GenRubric's answers come N per rubric; DynamicRubric's explorer writes the last.
+            answers_per_group=getattr(rc, "induced_responses", None),
+            explorer_rubrics=getattr(rc, "explorer_rubrics", 0))
+        return CardLog(records, {f"cards/prompt_{c['row']}": card_text(c) for c in records},
+                       card_table(records))
+
+
 def train(config: ml_collections.ConfigDict, workdir: str | Path, *,
           oracle: OracleReward | None = None, fallback: bool = True) -> dict:
     """Builds the task and runs (or resumes) training in `workdir`; `oracle` as in
@@ -355,7 +379,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, *,
         wandb=(WandbSettings(config.logging.wandb_project, config.logging.wandb_run_name)
                if config.logging.wandb else None),
         config_defaults=_fingerprinted(base_config(config.method)),
-        saved_config=_saved_run)
+        saved_config=_saved_run, card_every=config.logging.card_every,
+        watch=WatchSettings(**config.watch.to_dict()))
 
 
 def _saved_run(run: dict) -> dict:
@@ -367,7 +392,7 @@ def _fingerprinted(config: ml_collections.ConfigDict) -> dict:
     """The config minus what may change on resume (the number of rounds, logging)."""
     data = json.loads(config.to_json_best_effort())
     for key in ("rounds", "log_every", "checkpoint_every", "keep_checkpoints", "eval_every",
-                "profile_round", "max_skipped_rounds", "logging"):
+                "profile_round", "max_skipped_rounds", "logging", "watch"):
         data.pop(key, None)
     return data
 

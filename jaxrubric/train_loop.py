@@ -8,7 +8,10 @@ together, and round r always uses `jax.random.fold_in(key, r)`.
 Checkpoints (orbax `CheckpointManager`, async) live in `workdir/checkpoints/<round>/` with two
 items, `state` (the whole state pytree) and `meta` (JSON: round, data position, rng key data,
 the config and its fingerprint, last metrics and eval metrics); TensorBoard events go to
-`workdir/tensorboard/`, and the same scalars and texts to a W&B run when one is asked for.
+`workdir/tensorboard/`, and the same scalars and texts to a W&B run when one is asked for. The
+workdir also holds what `jaxrubric inspect` reads: the logged scalars (`metrics.jsonl`), the
+evaluations (`eval_history.jsonl`), rubric cards (`cards.jsonl`) and the watch's alarms
+(`watch.jsonl`).
 """
 
 from __future__ import annotations
@@ -30,10 +33,11 @@ import orbax.checkpoint as ocp
 
 from jaxrubric import fault_log, host_agreement, peer_watch, resume
 from jaxrubric import mfu as mfu_lib
-from jaxrubric.logging_utils import (SKIPPED_SUFFIX, Progress, WandbSettings, Writers,
+from jaxrubric.logging_utils import (SKIPPED_SUFFIX, CardLog, Progress, WandbSettings, Writers,
                                      open_writers, scalar_metrics)
 from jaxrubric.resume import DamagedCheckpointError
 from jaxrubric.state_digest import state_digest
+from jaxrubric.watch import Alarm, RewardWatch, WatchSettings
 from jaxrubric.workdir_lock import WorkdirLock
 
 PyTree = Any
@@ -42,6 +46,9 @@ EvalFn = Callable[[PyTree, int], Mapping[str, Any]]
 CHECKPOINT_DIR = "checkpoints"
 TENSORBOARD_DIR = "tensorboard"
 EVAL_HISTORY = "eval_history.jsonl"  # one JSON line of eval scalars per evaluation
+METRICS_HISTORY = "metrics.jsonl"  # one JSON line of the logged scalars per logged round
+CARDS = "cards.jsonl"  # one JSON line per rubric card
+WATCH_LOG = "watch.jsonl"  # one JSON line per alarm of the watch
 GENERATED_TOKENS = "tokens/generated"  # a round metric the loop turns into tokens/s
 
 
@@ -75,6 +82,10 @@ class Task(Protocol):
         """A few texts (e.g. prompt, responses, rubric) for TensorBoard, from the round's
         metrics as `round_step` returned them (fetch only the rows written)."""
 
+    def cards(self, state: PyTree, batch: PyTree, metrics: Mapping[str, Any], round_: int
+              ) -> CardLog:
+        """The round's rubric cards (fetch only the rows they show); may be left out."""
+
     # Optional: `round_flops: float`, the model FLOPs of one round, for MFU logging.
 
 
@@ -94,7 +105,8 @@ def run_training(task: Task, *, workdir: str | os.PathLike, rounds: int, seed: i
                  max_skipped_rounds: int = 3, fallback: bool = True,
                  wandb: WandbSettings | None = None,
                  config_defaults: Any = None,
-                 saved_config: Callable[[Any], Any] | None = None) -> dict[str, Any]:
+                 saved_config: Callable[[Any], Any] | None = None, card_every: int = 0,
+                 watch: WatchSettings | None = None) -> dict[str, Any]:
     """Runs rounds until `rounds` have been completed in `workdir`, resuming from its latest
     checkpoint, and returns a summary.
 
@@ -133,15 +145,22 @@ def run_training(task: Task, *, workdir: str | os.PathLike, rounds: int, seed: i
         from the newest one that verifies. False: stop with `DamagedCheckpointError` instead.
       wandb: also log to this W&B run (process 0, needs `wandb`): the same scalars and texts,
         the run config as run config; a rerun in `workdir` continues the same W&B run.
+      card_every: every this many rounds (0: never), the task's `cards` go to
+        `workdir/cards.jsonl`, the text panels and a W&B table.
+      watch: the reward-hacking watch (`jaxrubric.watch`), fed every round and evaluation;
+        its alarms are printed, logged as `watch/<kind>` and to `workdir/watch.jsonl`, and with
+        `watch.stop` the run saves the round and stops.
 
     Returns:
       `final_round` (rounds completed), `metrics` (scalar metrics of the last round run, or of
       the checkpoint when nothing ran), `eval` (last eval scalars, {} if none), `resumed_from`
-      (the checkpoint round resumed from, None on a fresh start) and `preempted` (stopped by
-      SIGTERM after saving: the caller should exit 0 and skip any post-training work).
+      (the checkpoint round resumed from, None on a fresh start), `preempted` (stopped by
+      SIGTERM after saving: the caller should exit 0 and skip any post-training work) and
+      `alarms` (the watch's, of this process's rounds).
     """
     _check_positive(rounds=rounds, checkpoint_every=checkpoint_every, log_every=log_every,
-                    keep_checkpoints=keep_checkpoints, eval_every=eval_every)
+                    keep_checkpoints=keep_checkpoints, eval_every=eval_every,
+                    card_every=card_every or None)
     workdir = _absolute(workdir)
     run_config = _canonical({"config": config, "seed": seed})
     fingerprint = hashlib.sha256(json.dumps(run_config, sort_keys=True).encode()).hexdigest()
@@ -195,7 +214,7 @@ def run_training(task: Task, *, workdir: str | os.PathLike, rounds: int, seed: i
                 scalars = {name if name.startswith("eval/") else f"eval/{name}": value
                            for name, value in scalar_metrics(
                                jax.device_get(eval_fn(state, round_))).items()}
-                _append_history(workdir, round_, scalars)
+                _append_lines(workdir, EVAL_HISTORY, [{"round": round_, **scalars}])
                 return scalars, time.perf_counter() - start
 
             if eval_fn is not None and resumed_from is None:
@@ -203,6 +222,9 @@ def run_training(task: Task, *, workdir: str | os.PathLike, rounds: int, seed: i
                 writer.scalars(0, eval_scalars)
             progress = Progress(total=rounds, initial=done)
             text_samples = getattr(task, "text_samples", None)
+            cards = getattr(task, "cards", None) if card_every else None
+            watcher = RewardWatch(watch) if watch is not None else None
+            alarms: list[Alarm] = []
             key_meta = {"rng_key_data": np.asarray(jax.random.key_data(key)).tolist(),
                         "rng_impl": str(jax.random.key_impl(key))}
             preempted = False
@@ -227,6 +249,7 @@ def run_training(task: Task, *, workdir: str | os.PathLike, rounds: int, seed: i
                 seconds, tick = time.perf_counter() - tick, time.perf_counter()
                 skips.record(last_scalars, round_, manager.latest_step())
                 preempted = _stop_requested(sigterm, manager, round_)
+                raised = watcher.after_round(round_, last_scalars) if watcher else []
 
                 logged = {**last_scalars, "time/round_s": seconds,
                           **_throughput(task, seconds, first=round_ == done + 1)}
@@ -237,11 +260,24 @@ def run_training(task: Task, *, workdir: str | os.PathLike, rounds: int, seed: i
                     eval_scalars, eval_seconds = evaluate(round_)
                     tick += eval_seconds  # evaluation is not part of the next round's time
                     logged |= {**eval_scalars, "time/eval_s": eval_seconds}
-                if final or preempted or round_ % log_every == 0:
+                    raised += watcher.after_evaluation(round_, eval_scalars) if watcher else []
+                if raised:
+                    alarms += raised
+                    _raise_alarms(workdir, writer, progress, raised)
+                    logged |= {f"watch/{a.kind}": 1.0 for a in raised}
+                    # watch.stop: the run stops here with this round saved, as on SIGTERM.
+                    preempted = preempted or watch.stop
+                if final or preempted or raised or round_ % log_every == 0:
                     writer.scalars(round_, logged)
+                    _append_lines(workdir, METRICS_HISTORY, [{"round": round_, **logged}])
                     texts = text_samples(state, batch, metrics) if text_samples else None
                     if texts:
                         writer.texts(round_, texts)
+                if cards is not None and round_ % card_every == 0:
+                    log = cards(state, batch, metrics, round_)
+                    _append_lines(workdir, CARDS, log.records)
+                    writer.texts(round_, log.texts)
+                    writer.table(round_, "cards/items", log.table)
 
                 if final or preempted or round_ % checkpoint_every == 0:  # a round to save
                     _check_finite(state, round_, manager.latest_step())
@@ -255,10 +291,12 @@ def run_training(task: Task, *, workdir: str | os.PathLike, rounds: int, seed: i
                 progress.update(round_, last_scalars, seconds)
                 if preempted:
                     manager.wait_until_finished()
-                    progress.write(f"SIGTERM: saved the checkpoint of round {round_}, stopping")
+                    why = "watch.stop" if raised and watch.stop else "SIGTERM"
+                    progress.write(f"{why}: saved the checkpoint of round {round_}, stopping")
                     break
                 batch = next_batch
-            return _summary(round_, last_scalars, eval_scalars, resumed_from, preempted)
+            return _summary(round_, last_scalars, eval_scalars, resumed_from, preempted,
+                            alarms)
     except BaseException:
         # A collective that failed because a host is gone: say that, not what it broke.
         peer_watch.rule_out_lost_peer()
@@ -396,12 +434,22 @@ def _throughput(task: Task, seconds: float, first: bool) -> dict[str, float]:
     return out
 
 
-def _append_history(workdir: str, round_: int, scalars: Mapping[str, float]) -> None:
-    """One line per evaluation; after a resume the later line of a round is the valid one."""
-    if jax.process_index() != 0 or "://" in workdir:
+def _append_lines(workdir: str, name: str, rows: list[dict[str, Any]]) -> None:
+    """JSON lines appended to `workdir/name` by process 0 (a local workdir only); after a
+    resume the later line of a round is the valid one."""
+    if jax.process_index() != 0 or "://" in workdir or not rows:
         return
-    with open(os.path.join(workdir, EVAL_HISTORY), "a", encoding="utf-8") as f:
-        f.write(json.dumps({"round": round_, **scalars}) + "\n")
+    with open(os.path.join(workdir, name), "a", encoding="utf-8") as f:
+        f.writelines(json.dumps(row) + "\n" for row in rows)
+
+
+def _raise_alarms(workdir: str, writer: Writers, progress: Progress, alarms: list[Alarm]
+                  ) -> None:
+    """The watch's alarms: a line each on the console, in `watch.jsonl` and TensorBoard text."""
+    for alarm in alarms:
+        progress.write(alarm.message)
+    _append_lines(workdir, WATCH_LOG, [a._asdict() for a in alarms])
+    writer.texts(alarms[0].round, {f"watch/{a.kind}": a.message for a in alarms})
 
 
 def read_eval_history(workdir: str | os.PathLike) -> list[dict[str, float]]:
@@ -469,6 +517,8 @@ def _say(message: str) -> None:
 
 
 def _summary(final_round: int, metrics: Mapping[str, float], eval_metrics: Mapping[str, float],
-             resumed_from: int | None, preempted: bool) -> dict[str, Any]:
+             resumed_from: int | None, preempted: bool, alarms: list[Alarm] | None = None
+             ) -> dict[str, Any]:
     return {"final_round": final_round, "metrics": dict(metrics), "eval": dict(eval_metrics),
-            "resumed_from": resumed_from, "preempted": preempted}
+            "resumed_from": resumed_from, "preempted": preempted,
+            "alarms": [a._asdict() for a in alarms or []]}

@@ -35,7 +35,7 @@ from jaxrubric.methods.shapes import check_micro_batches
 from jaxrubric.methods.keys import EXPLORER_STREAM, RoundKey, update_keys
 from jaxrubric.methods.steps import Rubrics, judge_answers, text_lengths, write_rubrics
 from jaxrubric.methods.update import UpdateInputs, update
-from jaxrubric.rewards import credit
+from jaxrubric.rewards import credit, telemetry
 from jaxrubric.rewards.dynamic_rubric import (DISC_MODES, GENERATOR_COMBINES,
                                               dynamic_rubric_rewards, generator_advantages,
                                               item_rewards, preference_pairs)
@@ -215,7 +215,8 @@ class Rewards(NamedTuple):
     # per token `[B, G, L]`, each item token adding its item's advantage.
     generator_update_advantages: jax.Array
     policy_advantages: jax.Array  # [B, K]
-    metrics: dict[str, jax.Array]  # the rollout's scalar summaries
+    metrics: dict[str, jax.Array]  # the rollout's scalar summaries, telemetry's included
+    judgement: telemetry.Judgement  # what the telemetry and the cards read
 
 
 def mean_valid_score(scores: jax.Array, group_valid: jax.Array) -> jax.Array:
@@ -274,7 +275,12 @@ def reward(setup: RoundSetup, question: Question, anchors: Anchors,
         policy_reward = jnp.where(use_oracle, oracle, rubric_reward)
     else:
         policy_reward = oracle if cfg.policy_reward == "oracle" else rubric_reward
+    judgement = telemetry.Judgement(
+        verdicts, parsed.weights, parsed.valid, group_valid, parsed.complete, rubrics.lengths,
+        parsed.items, parsed.item_lengths, policy_reward, jnp.ones(policy_reward.shape, bool),
+        text_len, oracle, rubric_reward)
     metrics = {
+        **telemetry.round_telemetry(judgement),
         "policy/reward": policy_reward.mean(),
         "policy/reward_std_in_group": policy_reward.std(-1).mean(),
         "policy/response_length": responses.lengths.mean(),
@@ -296,7 +302,8 @@ def reward(setup: RoundSetup, question: Question, anchors: Anchors,
             group_valid.astype(jnp.float32), jnp.broadcast_to(explored, group_valid.shape))
     return Rewards(group_valid, scoring, gen_reward, rubric_reward, policy_reward, oracle,
                    gen_advantages, item_adv, update_advantages,
-                   grpo.group_advantages(policy_reward, mode=cfg.policy.advantage_mode), metrics)
+                   grpo.group_advantages(policy_reward, mode=cfg.policy.advantage_mode), metrics,
+                   judgement)
 
 
 class Rollout(NamedTuple):
@@ -327,13 +334,19 @@ def rollout(setup: RoundSetup, state: RoundState, frozen: Frozen, batch: RoundBa
 
 
 class Outputs(NamedTuple):
-    """A round's outputs beside its scalars (for text samples)."""
+    """A round's outputs beside its scalars (for text samples and rubric cards,
+    `methods.cards`; fetched only on the rounds that write them)."""
 
     responses: jax.Array  # [B, K, Lr]
     response_len: jax.Array  # [B, K]
     rubrics: jax.Array  # [B, G, Lrub]
     rubric_len: jax.Array  # [B, G]
     scores: jax.Array  # [B, K, G]
+    judgement: telemetry.Judgement
+    policy_advantages: jax.Array  # [B, K]
+    generator_reward: jax.Array  # [B, G]
+    generator_advantages: jax.Array  # [B, G]
+    item_reward: jax.Array | None = None  # items' own rewards: GenRubric's outputs have them
 
 
 def dynamic_rubric_round(setup: RoundSetup, state: RoundState, frozen: Frozen,
@@ -357,8 +370,11 @@ def dynamic_rubric_round(setup: RoundSetup, state: RoundState, frozen: Frozen,
         Role.POLICY: UpdateInputs(batch.policy.tokens, batch.policy.mask, out.responses,
                                   out.rewards.policy_advantages),
     }, keys.update)
+    rewards = out.rewards
     outputs = Outputs(out.responses.tokens, out.text_len, rubrics.samples.tokens,
-                      rubrics.samples.lengths, out.judged.scores)
+                      rubrics.samples.lengths, out.judged.scores, rewards.judgement,
+                      rewards.policy_advantages, rewards.generator_reward,
+                      rewards.generator_advantages)
     return new_state, RoundResult({**out.rewards.metrics, **update_metrics}, outputs)
 
 

@@ -47,6 +47,7 @@ from jaxrubric.methods.keys import SHUFFLE_STREAM, RoundKey, update_keys
 from jaxrubric.methods.steps import Rubrics, judge_answers, text_lengths, write_rubrics
 from jaxrubric.methods.update import UpdateInputs, update
 from jaxrubric.rewards import genrubric as gr
+from jaxrubric.rewards import telemetry
 from jaxrubric.rl import grpo
 from jaxrubric.roles import Role
 from jaxrubric.rubric import grammar as grammar_lib
@@ -319,7 +320,8 @@ class Rewards(NamedTuple):
     credit: GeneratorCredit
     policy_reward: jax.Array  # [B, G N] of the induced responses
     policy_advantages: jax.Array  # [B, G N]
-    metrics: dict[str, jax.Array]  # the rollout's scalar summaries
+    metrics: dict[str, jax.Array]  # the rollout's scalar summaries, telemetry's included
+    judgement: telemetry.Judgement  # what the telemetry and the cards read
 
 
 @placement.stage(Role.VERIFIER)
@@ -346,7 +348,11 @@ def reward(setup: RoundSetup, rubrics: sampling.SampleResult, parsed: grammar_li
     set_scores, set_verdicts = response_sets(credit.scores, n, -2), response_sets(verdicts, n, -3)
     set_groups, set_items = over_sets(group_valid, n, -1), over_sets(item_valid, n, -2)
     set_mask = over_sets(item_mask, n, -2)
+    judgement = telemetry.Judgement(
+        verdicts, parsed.weights, item_valid, group_valid, parsed.complete, rubrics.lengths,
+        parsed.items, parsed.item_lengths, policy_reward, policy_valid, induced.text_len)
     metrics = {
+        **telemetry.round_telemetry(judgement, redundancy=True),
         "generator/reward": credit.sequence_reward.mean(),
         "generator/comprehensiveness": grpo.masked_mean(
             gr.cross_rubric_comprehensiveness(set_scores, set_groups), set_groups),
@@ -369,7 +375,7 @@ def reward(setup: RoundSetup, rubrics: sampling.SampleResult, parsed: grammar_li
         "policy/truncated": 1.0 - responses.finished.mean(),
         "verifier/yes_rate": grpo.masked_mean(verdicts, item_valid[:, None]),
     }
-    return Rewards(credit, policy_reward, advantages, metrics)
+    return Rewards(credit, policy_reward, advantages, metrics, judgement)
 
 
 class Outputs(NamedTuple):
@@ -379,12 +385,15 @@ class Outputs(NamedTuple):
     response_len: jax.Array  # [B, G N]
     rubrics: jax.Array  # [B, G, Lrub]
     rubric_len: jax.Array  # [B, G]
-    rubric_weights: jax.Array  # [B, G, M]
-    rubric_valid: jax.Array  # [B, G, M] items of complete rubrics
-    group_valid: jax.Array  # [B, G]
     scores: jax.Array  # [B, G_resp N, G_rub]
     generator_reward: jax.Array  # [B, G]
     policy_reward: jax.Array  # [B, G N]
+    # Verdicts, items (weights, validity) and groups' validity, for rubric cards
+    # (`methods.cards`).
+    judgement: telemetry.Judgement
+    policy_advantages: jax.Array  # [B, G N]
+    generator_advantages: jax.Array  # [B, G] of the sequence rewards (before item credit)
+    item_reward: jax.Array  # [B, G, M]
 
 
 def genrubric_round(setup: RoundSetup, state: RoundState, frozen: Frozen, batch: RoundBatch,
@@ -412,9 +421,11 @@ def genrubric_round(setup: RoundSetup, state: RoundState, frozen: Frozen, batch:
                                           setup.config.induced_responses),
     }, keys.update)
     outputs = Outputs(induced.responses.tokens, induced.text_len, rubrics.samples.tokens,
-                      rubrics.samples.lengths, rubrics.parsed.weights, credit.item_valid,
-                      credit.group_valid, credit.scores, credit.sequence_reward,
-                      rewards.policy_reward)
+                      rubrics.samples.lengths, credit.scores, credit.sequence_reward,
+                      rewards.policy_reward, rewards.judgement, rewards.policy_advantages,
+                      gr.sequence_advantages(credit.sequence_reward, credit.group_valid,
+                                             setup.config.generator.advantage_mode),
+                      credit.item_reward)
     return new_state, RoundResult({**rewards.metrics, **update_metrics}, outputs)
 
 

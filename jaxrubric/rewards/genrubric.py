@@ -231,11 +231,18 @@ def genrubric_token_advantages(
     every well-formed one, `rl.grpo.rank_invalid_last`: a reward of 0 is no penalty when the
     well-formed groups score `[-2, -2]`), `credit.item_advantages` for the item part, then
     `credit.token_level_advantages`."""
-    if group_valid is not None:
-        sequence_reward = rank_invalid_last(sequence_reward, group_valid)
-    seq_adv = group_advantages(sequence_reward, mode=mode, eps=eps)
+    seq_adv = sequence_advantages(sequence_reward, group_valid, mode, eps)
     item_adv = item_advantages(item_reward, item_mask, mode=mode, eps=eps)
     return token_level_advantages(seq_adv, item_adv, token_item_index)
+
+
+def sequence_advantages(sequence_reward: Array, group_valid: Array | None = None,
+                        mode: AdvantageMode = "group_std", eps: float = 1e-6) -> Array:
+    """The sequence part of `genrubric_token_advantages`: group advantages `[..., G]` of the
+    sequence rewards, malformed groups ranked last first when `group_valid` is given."""
+    if group_valid is not None:
+        sequence_reward = rank_invalid_last(sequence_reward, group_valid)
+    return group_advantages(sequence_reward, mode=mode, eps=eps)
 
 
 def shuffle_among_valid(values: Array, valid: Array, key: jax.Array) -> Array:

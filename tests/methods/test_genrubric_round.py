@@ -70,11 +70,11 @@ def test_round_updates_both_models_and_compiles_once(round_mesh):
     parsed = grammar_lib.parse_rubric_tokens(outputs.rubrics, jax.device_put(setup.grammar),
                                              setup.pad_id)
     weights, valid = np.asarray(parsed.weights), np.asarray(parsed.valid)
-    np.testing.assert_array_equal(weights, outputs.rubric_weights)
+    np.testing.assert_array_equal(weights, outputs.judgement.weights)
     assert set(weights[valid].tolist()) <= set(WEIGHTS)
     assert np.asarray(parsed.complete).all()  # the grammar always lets a rubric finish
     group_valid = np.asarray(group_validity(weights, valid))
-    np.testing.assert_array_equal(group_valid, outputs.group_valid)
+    np.testing.assert_array_equal(group_valid, outputs.judgement.group_valid)
     assert scalars["rubric/valid_rate"] == pytest.approx(group_valid.mean())
     assert scalars["rubric/items"] == pytest.approx(valid.sum(-1).mean())
     assert 1 <= scalars["rubric/items"] <= 3

@@ -1,5 +1,7 @@
-"""The host loop on a toy task: checkpoints, exact resume, crash and SIGTERM, TensorBoard."""
+"""The host loop on a toy task: checkpoints, exact resume, crash and SIGTERM, TensorBoard, rubric
+cards and the watch."""
 
+import json
 import os
 import signal
 from typing import NamedTuple
@@ -13,8 +15,10 @@ from jax.sharding import NamedSharding, PartitionSpec
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from jaxrubric import sharding as shd
+from jaxrubric.logging_utils import CardLog
 from jaxrubric.train_loop import (ConfigMismatchError, read_eval_history, restore_checkpoint,
                                   run_training)
+from jaxrubric.watch import WatchSettings
 
 DIM, BATCH = 16, 32
 MESH = shd.make_mesh({"fsdp": -1})
@@ -283,3 +287,56 @@ def test_round_results_fetch_only_their_scalars(tmp_path, uninterrupted, monkeyp
     assert [e.step for e in texts] == [2, 4, 5]
     assert texts[-1].tensor_proto.string_val[0] == _events(uninterrupted[0]).Tensors(
         "sample")[-1].tensor_proto.string_val[0]
+
+
+class CardTask(ResultTask):
+    """`ResultTask` with rubric cards: a card reads the round's outputs, as the co-evolution
+    task's does."""
+
+    def cards(self, state, batch, result, round_):
+        residuals = np.round(jax.device_get(result.outputs["residuals"]), 3).tolist()
+        record = {"round": round_, "row": 0, "residuals": residuals}
+        return CardLog([record], {"cards/prompt_0": str(residuals)}, (["round"], [[round_]]))
+
+
+def test_outputs_leave_the_device_only_on_card_rounds(tmp_path, monkeypatch):
+    fetched = []
+    device_get = jax.device_get
+    monkeypatch.setattr(jax, "device_get", lambda tree: fetched.append(tree) or device_get(tree))
+    task = CardTask()
+    _run(tmp_path, 5, task, card_every=2)
+    monkeypatch.undo()
+    ids = {id(x) for tree in fetched for x in jax.tree.leaves(tree)}
+    assert [id(x) in ids for x in task.outputs] == [False, True, False, True, False]
+    lines = [json.loads(line) for line in open(tmp_path / "cards.jsonl", encoding="utf-8")]
+    assert [line["round"] for line in lines] == [2, 4]
+    assert [e.step for e in _events(tmp_path).Tensors("cards/prompt_0")] == [2, 4]
+    # Every logged round's scalars also go to metrics.jsonl (what `jaxrubric inspect` reads).
+    logged = [json.loads(line) for line in open(tmp_path / "metrics.jsonl", encoding="utf-8")]
+    assert [line["round"] for line in logged] == [2, 4, 5]
+    assert logged[-1]["loss"] == pytest.approx(_events(tmp_path).Scalars("loss")[-1].value)
+
+
+@pytest.mark.parametrize("stop", [False, True])
+def test_the_watch_warns_when_the_reward_rises_and_the_gold_metric_falls(tmp_path, capsys,
+                                                                         stop):
+    """The toy task's reward (-loss) rises every round; here its gold metric falls."""
+    summary = _run(tmp_path, 5, eval_fn=lambda state, round_: {"quality": 1.0 - 0.1 * round_},
+                   eval_every=1, watch=WatchSettings(window=3, stop=stop))
+    out = capsys.readouterr().out
+    assert out.count("watch: round 3:") == 1 and "eval/quality fell" in out
+    alarms = [json.loads(line) for line in open(tmp_path / "watch.jsonl", encoding="utf-8")]
+    assert [(a["round"], a["kind"]) for a in alarms][0] == (3, "reward_hacking")
+    assert _events(tmp_path).Scalars("watch/reward_hacking")[0].step == 3
+    if stop:  # saved and stopped at the alarm's round
+        assert summary["final_round"] == 3 and summary["preempted"]
+        assert _checkpoints(tmp_path)[-1] == 3 and "watch.stop: saved" in out
+    else:
+        assert summary["final_round"] == 5 and len(summary["alarms"]) == 3  # rounds 3, 4, 5
+
+
+def test_the_watch_is_quiet_when_the_gold_metric_rises_too(tmp_path, capsys):
+    summary = _run(tmp_path, 5, eval_fn=lambda state, round_: {"quality": 0.1 * round_},
+                   eval_every=1, watch=WatchSettings(window=3))
+    assert summary["alarms"] == [] and "watch:" not in capsys.readouterr().out
+    assert not (tmp_path / "watch.jsonl").exists()
