@@ -282,6 +282,10 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate_command.add_parser(sub)
     from jaxrubric import plan as plan_command
     plan_command.add_parser(sub)
+    from jaxrubric.report import command as inspect_command
+    inspect_command.add_parser(sub)
+    from jaxrubric import rubric_export
+    rubric_export.add_parser(sub)
 
     convert = sub.add_parser("convert", help="convert between HF and orbax checkpoints")
     convert.add_argument("--to", choices=["orbax", "hf"], required=True)

@@ -219,14 +219,16 @@ class Query:
 class Judge:
     """Judges batches of fixed shape: B queries x K responses x G groups x M items.
 
-    ``score(verdicts, weights, valid)`` is the method's rubric score (`jaxrubric.rubric.scores`).
+    ``score(verdicts, weights, valid)`` is the method's rubric score (`jaxrubric.rubric.scores`);
+    ``style`` the verifier prompt's (`jaxrubric.rubric.templates.STYLES`), as a run that is
+    compared with was trained with (``rubric.template_style``).
     """
 
     def __init__(self, model: Any, tokenizer: Any, config: CommonConfig, *, score: Score,
                  prompt_len: int, response_len: int, num_responses: int, num_groups: int,
-                 num_items: int):
+                 num_items: int, style: str = "full"):
         self.model, self.config, self.score = model, config, score
-        self.template = verifier_template(tokenizer, config.chat_template_kwargs)
+        self.template = verifier_template(tokenizer, config.chat_template_kwargs, style)
         self.readout = verifier_readout(tokenizer, self.template)
         self.pad = pad_id(tokenizer)
         self.shape = (config.batch_size, num_responses, num_groups, num_items)

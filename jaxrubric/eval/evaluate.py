@@ -1,9 +1,10 @@
 """`jaxrubric evaluate`: judge responses under rubrics with an LLM verifier, one method each.
 
 - ``--method genrubric`` (default): rubrics written from the query alone (``--runs`` samples
-  per query), or the experts', on HealthBench rows, with agreement, per-tag and clipped
-  HealthBench scores as the GenRubric paper and HealthBench report them
-  (`jaxrubric.eval.genrubric`);
+  per query), or the experts', or those of another HealthBench-schema file (``--rubrics
+  FILE``, e.g. a run's rubrics as ``jaxrubric rubrics`` exports them), on HealthBench rows,
+  with agreement, per-tag and clipped HealthBench scores as the GenRubric paper and
+  HealthBench report them (`jaxrubric.eval.genrubric`);
 - ``--method dynamic_rubric``: G rubrics written for the prompt and its candidate set, scored
   against preference data by pairwise accuracy and listwise agreement
   (`jaxrubric.eval.preference`).
@@ -24,9 +25,11 @@ from typing import Any
 import jaxrubric
 from jaxrubric.data import FORMATS, load_candidate_sets, load_healthbench
 from jaxrubric.eval.common import CommonConfig, EvalResult, write_outputs
-from jaxrubric.eval.genrubric import RUBRIC_SOURCES, EvalConfig, evaluate, format_metrics
+from jaxrubric.eval.genrubric import (RUBRIC_SOURCES, EvalConfig, evaluate, format_metrics,
+                                      rubrics_from)
 from jaxrubric.eval.preference import (PreferenceConfig, evaluate_preferences,
                                        format_preference_metrics)
+from jaxrubric.rubric.templates import STYLES
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -67,8 +70,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                                        "rubrics)")
     p.add_argument("--verifier", required=True, help="verifier checkpoint")
     p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--rubrics", choices=RUBRIC_SOURCES, default=None,
-                   help="genrubric only: generated (default) or the data set's expert rubric")
+    p.add_argument("--rubrics", default=None, metavar="{generated,expert,FILE}",
+                   help="genrubric only: generated (default), expert (the data set's rubric), "
+                        "or a HealthBench-schema FILE (a path or hub data set; ./expert for a "
+                        "file of that name): each --data row gets the rubric of FILE's row with "
+                        "its prompt_id, judged and scored as the expert rubric is (labelled "
+                        "expert in the outputs); FILE may be the --data file itself, as for the "
+                        "rows `jaxrubric rubrics` exports")
+    p.add_argument("--template-style", choices=STYLES, default=None,
+                   help="genrubric only: the verifier's and generator's prompt style (default "
+                        "full); to judge a run's rubrics as it did, its rubric.template_style")
     p.add_argument("--runs", type=_positive_int, default=None,
                    help="genrubric only: rubric-generation runs per query (default 1); the "
                         "agreement metrics are computed per query and run, averaged over runs, "
@@ -149,9 +160,19 @@ class _Method:
 
 
 def _load_genrubric(args: argparse.Namespace) -> tuple[CommonConfig, Any]:
-    return (EvalConfig(rubrics=args.rubrics or "generated", runs=args.runs or 1,
-                       top_k=args.top_k, **_common(args)),
-            load_healthbench(args.data, skip_bad_rows=args.skip_bad_rows, split=args.split))
+    config = EvalConfig(rubrics=args.rubrics or "generated", runs=args.runs or 1,
+                        top_k=args.top_k, template_style=args.template_style or "full",
+                        **_common(args))
+    loaded = load_healthbench(args.data, skip_bad_rows=args.skip_bad_rows, split=args.split)
+    if config.rubrics in RUBRIC_SOURCES:
+        return config, loaded
+    rubrics = (loaded if config.rubrics == args.data else
+               load_healthbench(config.rubrics, skip_bad_rows=args.skip_bad_rows,
+                                split=args.split))
+    records = rubrics_from(loaded.records, rubrics.records, data=loaded.source,
+                           source=rubrics.source)
+    problems = loaded.problems + (rubrics.problems if rubrics is not loaded else [])
+    return config, dataclasses.replace(loaded, records=records, problems=problems)
 
 
 def _load_preference(args: argparse.Namespace) -> tuple[CommonConfig, Any]:
@@ -176,7 +197,7 @@ def _preference(loaded, config, verifier, verifier_tokenizer, generator, generat
 
 METHODS = {
     "genrubric": _Method(
-        flags=("rubrics", "runs", "top_k"),
+        flags=("rubrics", "runs", "top_k", "template_style"),
         generates=lambda args: args.rubrics in (None, "generated"),
         generator_reason="--rubrics generated", load=_load_genrubric,
         empty=lambda loaded: not any(r.responses for r in loaded.records),

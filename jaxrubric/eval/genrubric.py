@@ -5,11 +5,14 @@ the GenRubric paper computes it.
 For every query with reference completions (the ideal completion and the others shown with
 it), the rubrics are either written by a generator from the query alone (``runs`` samples per
 query, signed weights, constrained to the rubric grammar) or taken from the data set (the
-physicians' rubric). The verifier judges every item for every completion in one tree forward
-per completion (`jaxrubric.rubric.verifier.verify`): each generated rubric is a group of
-branches and the expert rubric is the last group, so the score vectors of a query under its
-rubrics are judged together. A completion's score is HealthBench's: points of the criteria met
-over the positive points.
+physicians' rubric) or from the row with the same ``prompt_id`` of another HealthBench-schema
+file (`rubrics_from`; e.g. a run's rubrics as `jaxrubric.rubric_export` writes them), judged
+and scored as the expert rubric is and labelled ``expert`` in the outputs. The verifier judges
+every item for every completion in one tree forward per completion
+(`jaxrubric.rubric.verifier.verify`): each generated rubric is a group of branches and the
+expert rubric is the last group, so the score vectors of a query under its rubrics are judged
+together. A completion's score is HealthBench's: points of the criteria met over the positive
+points.
 
 The metrics:
 - **agreement** of each generated rubric's scores with the expert rubric's (Spearman, Kendall
@@ -44,8 +47,10 @@ from jaxrubric.eval.metrics import (AGREEMENT_METRICS, aggregate, agreement_over
                                     healthbench_tag_scores, top_k_responses)
 from jaxrubric.rubric.grammar import SIGNED_WEIGHTS
 from jaxrubric.rubric.scores import genrubric_score
-from jaxrubric.rubric.templates import genrubric_generator_template
+from jaxrubric.rubric.templates import STYLES, genrubric_generator_template
 
+# Where the rubrics come from; any other value of `EvalConfig.rubrics` names the file the
+# expert rubric was taken from (`rubrics_from`).
 RUBRIC_SOURCES = ("generated", "expert")
 # The tag families the printed table shows (metrics.json has every tag).
 _PRINTED_TAGS = ("theme:", "axis:")
@@ -53,23 +58,29 @@ _PRINTED_TAGS = ("theme:", "axis:")
 
 @dataclasses.dataclass(frozen=True)
 class EvalConfig(CommonConfig):
-    """`CommonConfig`, where the rubric comes from (``--rubrics``), the rubric-generation runs
-    per query (``--runs``) and the high-quality subset size (``--top-k``)."""
+    """`CommonConfig`, where the rubric comes from (``--rubrics``: `RUBRIC_SOURCES` or the
+    file the records' rubrics were taken from), the rubric-generation runs per query
+    (``--runs``), the high-quality subset size (``--top-k``) and the prompts' style
+    (``--template-style``, training's ``rubric.template_style``)."""
 
     rubrics: str = "generated"
     runs: int = 1
     top_k: int | None = None
+    template_style: str = "full"
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.rubrics not in RUBRIC_SOURCES:
-            raise ValueError(f"rubrics must be one of {RUBRIC_SOURCES}, got {self.rubrics!r}")
+        if not self.rubrics:
+            raise ValueError(f"rubrics must be one of {RUBRIC_SOURCES} or a file, got ''")
+        if self.template_style not in STYLES:
+            raise ValueError(f"template_style must be one of {STYLES}, got "
+                             f"{self.template_style!r}")
         if self.runs < 1:
             raise ValueError(f"runs must be >= 1, got {self.runs}")
         if self.top_k is not None and self.top_k < 2:
             raise ValueError(f"top_k must be >= 2 (agreement ranks at least two responses), "
                              f"got {self.top_k}")
-        if self.rubrics == "expert" and (self.runs != 1 or self.top_k is not None):
+        if not self.generated and (self.runs != 1 or self.top_k is not None):
             raise ValueError("runs and top_k compare generated rubrics with the expert "
                              "rubric: they need rubrics='generated'")
         if self.runs > 1 and self.temperature == 0:
@@ -98,6 +109,20 @@ class _Judged(NamedTuple):
     expert_met: np.ndarray
 
 
+def rubrics_from(records: Sequence[HealthBenchRecord], rubric_rows: Sequence[HealthBenchRecord],
+                 *, data: str, source: str) -> list[HealthBenchRecord]:
+    """``records``, each with the rubric of the row of ``rubric_rows`` (read from ``source``)
+    with the same id (``prompt_id``); a record without one is an error naming both files."""
+    by_id = {r.id: r.rubric for r in rubric_rows}
+    out = []
+    for record in records:
+        if record.id not in by_id:
+            raise ValueError(f"{data}: row {record.id!r} has no rubric: no row of {source} has "
+                             "that prompt_id")
+        out.append(dataclasses.replace(record, rubric=by_id[record.id]))
+    return out
+
+
 def evaluate(records: Sequence[HealthBenchRecord], verifier: Any, verifier_tokenizer: Any,
              config: EvalConfig, *, generator: Any = None, generator_tokenizer: Any = None,
              progress: bool = True) -> EvalResult:
@@ -119,14 +144,15 @@ def evaluate(records: Sequence[HealthBenchRecord], verifier: Any, verifier_token
         response_len=max(len(x) for q in queries.values() for x in q.responses),
         num_responses=max(len(r.responses) for r in scored), num_groups=len(config.groups),
         num_items=max(max(len(r.rubric) for r in scored),
-                      config.max_items if config.generated else 0))
+                      config.max_items if config.generated else 0),
+        style=config.template_style)
     writer = template = None
     if config.generated:
         writer = common.RubricWriter(generator, generator_tokenizer, config,
                                      weights=SIGNED_WEIGHTS, num_rubrics=config.runs)
         template = genrubric_generator_template(
             generator_tokenizer, max_items=config.max_items,
-            chat_template_kwargs=config.chat_template_kwargs)
+            chat_template_kwargs=config.chat_template_kwargs, style=config.template_style)
     result = EvalResult([], [], [], {})
     judged: list[_Judged] = []
     key = jax.random.key(config.seed)
