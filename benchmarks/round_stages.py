@@ -13,11 +13,14 @@ whole mesh. Both donate the state, as in training; every timed round starts from
 state (so every round is the same work), and the two forms alternate (A, B, A, B, ...) so
 that load on a shared box hits both alike. Both also compute one round from the same state,
 batch and key; the line under the table says whether they agree (metrics, outputs, updates).
+A third compares the round with its telemetry (`rewards.telemetry`, the `telemetry/*` scalars
+computed in the program) against the same round without it, alternating likewise.
 Prints markdown tables (`--only` one of them).
 
     python benchmarks/round_stages.py [--config configs/tiny_dynamic_rubric.py] [--repeats 5]
     python benchmarks/round_stages.py --config toy_world/runs/coevolve/config.json
     python benchmarks/round_stages.py --only programs --repeats 3
+    python benchmarks/round_stages.py --only telemetry --repeats 20
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from jaxrubric.methods import DYNAMIC_RUBRIC, dynamic_rubric
 from jaxrubric.methods.data import RoundState
 from jaxrubric.methods.programs import make_round_step, make_submesh_round_step
 from jaxrubric.methods.setup import RoundSetup
+from jaxrubric.rewards import telemetry
 from jaxrubric.roles import ROLES, TRAINED, Role
 from jaxrubric.train import CoevolveTask
 
@@ -71,6 +75,43 @@ def round_steps(task: CoevolveTask) -> dict:
     staged = placement.SubMeshes(dict.fromkeys(ROLES, task.mesh))
     separate = make_submesh_round_step(task.setup, task.frozen, staged, task.method.round)
     return {"one program": one, "separate programs": separate}
+
+
+def without_telemetry(round_fn):
+    """`round_fn` traced with `telemetry.round_telemetry` computing nothing: the round as it
+    would be without its telemetry scalars (everything else the same)."""
+    def round_(*args):
+        computed = telemetry.round_telemetry
+        telemetry.round_telemetry = lambda judgement, **kwargs: {}
+        try:
+            return round_fn(*args)
+        finally:
+            telemetry.round_telemetry = computed
+    return round_
+
+
+TELEMETRY_TRIALS = 5  # a few percent of run-to-run spread between blocks of best-of rounds
+
+
+def telemetry_table(task: CoevolveTask, state, batch, rng, repeats: int) -> str:
+    """The round (one program) with and without its telemetry, alternating, in
+    `TELEMETRY_TRIALS` blocks of `repeats` rounds each: each block's best times and their
+    ratio, then the median ratio."""
+    steps = {"with telemetry": make_round_step(task.setup, task.frozen, task.method.round),
+             "without telemetry": make_round_step(task.setup, task.frozen,
+                                                  without_telemetry(task.method.round))}
+    lines = ["The round with its telemetry scalars (`telemetry/*`) and without; every round from "
+             f"the same state, the two alternating, {TELEMETRY_TRIALS} blocks\n",
+             "| block | ms with | ms without | with / without |", "|---|---:|---:|---:|"]
+    ratios = []
+    for block in range(1, TELEMETRY_TRIALS + 1):
+        timed = interleaved(steps, state, batch, rng, repeats)
+        with_, without = timed["with telemetry"][1], timed["without telemetry"][1]
+        ratios.append(with_ / without)
+        lines.append(f"| {block} | {1e3 * with_:.1f} | {1e3 * without:.1f} | "
+                     f"{ratios[-1]:.3f}x |")
+    lines.append(f"| median | | | {float(np.median(ratios)):.3f}x |")
+    return "\n".join(lines)
 
 
 def fresh(state: RoundState) -> RoundState:
@@ -169,9 +210,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/tiny_dynamic_rubric.py")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--only", choices=("stages", "programs"), default=None,
-                        help="print one table: the stages by prefixes, or one program vs "
-                             "separate programs")
+    parser.add_argument("--only", choices=("stages", "programs", "telemetry"), default=None,
+                        help="print one table: the stages by prefixes, one program vs "
+                             "separate programs, or the round with and without telemetry")
     args, overrides = parser.parse_known_args()
     load_before = load_average()
     task = load_task(args.config, overrides)
@@ -184,9 +225,12 @@ def main() -> None:
     state = task.init_state(jax.random.key(0))
     batch, rng = task.batch(0), jax.random.key(1)
     tables = []
-    if args.only != "programs":
+    if args.only in (None, "stages"):
         tables.append(stages_table(task, state, batch, rng, args.repeats))
-    if args.only != "stages":
+    if args.only in (None, "telemetry"):
+        print("with vs without telemetry ...", file=sys.stderr, flush=True)
+        tables.append(telemetry_table(task, state, batch, rng, args.repeats))
+    if args.only in (None, "programs"):
         print("one program vs separate programs ...", file=sys.stderr, flush=True)
         steps = round_steps(task)
         # Timed first, so that each form's first round is its compiles.

@@ -1,5 +1,6 @@
 """The DynamicRubric toy world's result: the final evaluation of every run's last policy,
-paired by question (`toy/final_eval.py`), and `summary.json`, `quality.png` and the table."""
+paired by question (`toy/final_eval.py`), and `summary.json`, `quality.png`, `saturation.png` and
+the table."""
 
 from __future__ import annotations
 
@@ -8,13 +9,15 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from jaxrubric.toy import digits_task as task
 from jaxrubric.toy import final_eval
 from jaxrubric.toy.tokens import policy_prompt
 from jaxrubric.toy.workdir import use_workdir
 from jaxrubric.toy.world_config import LEADS, POLICY_TOKENS, ToyWorldConfig
 from jaxrubric.toy.world_runs import held_out_rows
-from jaxrubric.train_loop import read_eval_history
+from jaxrubric.train_loop import METRICS_HISTORY, read_eval_history
 
 FINAL_FILE = "final_eval.json"
 FINAL_KEY_OFFSET = 20_000  # the final evaluation's sampling key: seed + this (held-out data's: 10k)
@@ -60,7 +63,8 @@ def quality_curves(workdir: Path, runs: tuple[str, ...]) -> dict[str, list[dict[
 
 
 def summarize(workdir: Path, cfg: ToyWorldConfig) -> dict[str, Any]:
-    """Writes `summary.json` and `quality.png`, prints the table, returns the summary."""
+    """Writes `summary.json`, `quality.png` and `saturation.png`, prints the table, returns the
+    summary."""
     curves = quality_curves(workdir, cfg.runs)
     summary = {name: [p["quality"] for p in curve] for name, curve in curves.items()}
     summary["rounds"] = [p["round"] for p in next(iter(curves.values()))]
@@ -73,6 +77,7 @@ def summarize(workdir: Path, cfg: ToyWorldConfig) -> dict[str, Any]:
     summary["config"] = dataclasses.asdict(cfg)
     (workdir / "summary.json").write_text(json.dumps(summary, indent=1))
     plot(summary, workdir / "quality.png", cfg.runs)
+    plot_saturation(workdir, workdir / "saturation.png", cfg.runs)
     print(table(summary, cfg.runs))
     return summary
 
@@ -98,6 +103,50 @@ def table(summary: dict[str, Any], runs: tuple[str, ...]) -> str:
     return text
 
 
+LABELS = {"coevolve": "co-evolving generator", "frozen": "frozen generator (stale)",
+          "static": "static rubric (prompt only)", "oracle": "ground-truth reward (ceiling)"}
+SMOOTHING = 10  # rounds in the running mean of a telemetry curve
+
+
+def plot_saturation(workdir: Path, path: Path, runs: tuple[str, ...]) -> None:
+    """Two panels of the round telemetry (docs/observability.md), a running mean over
+    `SMOOTHING` rounds: the share of rubric items every answer passes or none does, and the
+    share of prompts whose answers all tie (no advantage to learn from). Runs without the
+    telemetry's log are left out (none: no figure)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    histories = {name: workdir / "runs" / name / METRICS_HISTORY for name in runs}
+    histories = {name: path for name, path in histories.items() if path.exists()}
+    if not histories:  # runs trained before the telemetry was logged
+        return
+    fig, panels = plt.subplots(1, 2, figsize=(10, 3.6), dpi=110)
+    names = ("telemetry/generator/saturated_items", "telemetry/policy/tied_prompts")
+    for name, path in histories.items():
+        rows = {}
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                row = json.loads(line)
+                rows[row["round"]] = row  # after a resume the later line of a round
+        rounds = sorted(r for r, row in rows.items() if all(m in row for m in names))
+        for panel, metric in zip(panels, names, strict=True):
+            values = np.convolve([rows[r][metric] for r in rounds], np.ones(SMOOTHING) / SMOOTHING,
+                                 mode="valid")
+            panel.plot(rounds[SMOOTHING - 1:], values, label=LABELS[name])
+    panels[0].set(xlabel="co-evolution round", ylabel="saturated items",
+                  title="Rubric items that tell no answers apart")
+    panels[1].set(xlabel="co-evolution round", ylabel="tied prompts",
+                  title="Prompts whose answers all score alike")
+    for ax in panels:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def plot(summary: dict[str, Any], path: Path, runs: tuple[str, ...]) -> None:
     """Two panels: the policy's held-out quality, and the evaluator's Δgap (how far its rubric
     scores separate better from worse reference answers) per evaluated round."""
@@ -106,14 +155,12 @@ def plot(summary: dict[str, Any], path: Path, runs: tuple[str, ...]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = {"coevolve": "co-evolving generator", "frozen": "frozen generator (stale)",
-              "static": "static rubric (prompt only)", "oracle": "ground-truth reward (ceiling)"}
     fig, (quality, gap) = plt.subplots(1, 2, figsize=(10, 3.6), dpi=110)
     for name in runs:
         quality.errorbar(summary["rounds"], summary[name], yerr=summary["quality_se"][name],
-                         marker="o", ms=3, capsize=2, label=labels[name])
+                         marker="o", ms=3, capsize=2, label=LABELS[name])
         gap.plot(summary["rounds"], summary["delta_gap"][name], marker="o", ms=3,
-                 label=labels[name])
+                 label=LABELS[name])
     quality.set(xlabel="co-evolution round", ylabel="held-out quality",
                 title="Policy: keep the big digits")
     gap.set(xlabel="co-evolution round", ylabel="Δgap on the policy's own answers",

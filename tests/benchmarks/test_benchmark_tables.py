@@ -1,6 +1,6 @@
-"""The comparison tables of `benchmarks/round_stages.py` (one program vs separate programs) and
-`benchmarks/sampling.py` (share of the matmul-only ceiling, from `benchmarks/decode_matmul.py`)
-run at tiny sizes, so they cannot rot. No timing is asserted: only that the rows come out with
+"""The comparison tables of `benchmarks/round_stages.py` (one program vs separate programs, with
+vs without telemetry) and `benchmarks/sampling.py` (share of the matmul-only ceiling, from
+`benchmarks/decode_matmul.py`) run at tiny sizes, so they cannot rot. No timing is asserted: only that the rows come out with
 finite numbers and that both forms of the round compute the same round."""
 
 from __future__ import annotations
@@ -31,17 +31,22 @@ def number(cell: str) -> float:
     return value
 
 
-@pytest.mark.slow
-def test_round_stages_one_program_vs_separate_programs():
-    # One CPU device and XLA:CPU's cheapest code generation: compiling the round twice (whole
-    # and by stages) is nearly all the time.
+def round_stages_table(table: str) -> list[str]:
+    """The output lines of one of `round_stages.py`'s tables, at tiny sizes, on one CPU device
+    with XLA:CPU's cheapest code generation (compiling the round twice is nearly all the
+    time)."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": FAST_COMPILE}
     result = subprocess.run(
-        [sys.executable, "benchmarks/round_stages.py", "--only", "programs", "--repeats", "1",
+        [sys.executable, "benchmarks/round_stages.py", "--only", table, "--repeats", "1",
          "--config.round.response_tokens=4", "--config.rubric.max_items=2"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    lines = result.stdout.splitlines()
+    return result.stdout.splitlines()
+
+
+@pytest.mark.slow
+def test_round_stages_one_program_vs_separate_programs():
+    lines = round_stages_table("programs")
     assert "load average (1 min)" in lines[0] and "after" in lines[0], lines[0]
     rows = {cells(line)[0]: cells(line) for line in lines
             if line.startswith("| ") and not line.startswith("| form ")}
@@ -51,8 +56,17 @@ def test_round_stages_one_program_vs_separate_programs():
         for cell in row[2:]:
             number(cell)
     assert rows["one program"][-1] == "1.00x"
-    assert any(line.startswith("Both forms compute the same round") for line in lines), \
-        result.stdout
+    assert any(line.startswith("Both forms compute the same round") for line in lines), lines
+
+
+@pytest.mark.slow
+def test_round_stages_with_and_without_telemetry():
+    rows = [cells(line) for line in round_stages_table("telemetry")
+            if line.startswith("| ") and not line.startswith("| block ")]
+    assert [row[0] for row in rows] == ["1", "2", "3", "4", "5", "median"], rows
+    for block, with_, without, ratio in rows[:-1]:
+        assert number(ratio) == pytest.approx(number(with_) / number(without), rel=0.01)
+    assert sorted(number(r[3]) for r in rows[:-1])[2] == number(rows[-1][3])
 
 
 def test_matmul_ceiling_rows():
