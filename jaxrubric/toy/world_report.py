@@ -124,9 +124,9 @@ def plot_saturation(workdir: Path, path: Path, runs: tuple[str, ...]) -> None:
         return
     fig, panels = plt.subplots(1, 2, figsize=(10, 3.6), dpi=110)
     names = ("telemetry/generator/saturated_items", "telemetry/policy/tied_prompts")
-    for name, path in histories.items():
+    for name, history in histories.items():
         rows = {}
-        with open(path, encoding="utf-8") as f:
+        with open(history, encoding="utf-8") as f:
             for line in f:
                 row = json.loads(line)
                 rows[row["round"]] = row  # after a resume the later line of a round
