@@ -103,9 +103,12 @@ def base_config(method: str = "dynamic_rubric") -> ml_collections.ConfigDict:
     # query the generator writes `eval_rubric_runs` rubrics at its temperature (plus a greedy
     # one, reported apart) and agreement with the expert rubric is averaged over those runs;
     # completions are cut to anchor_tokens, prompts to prompt_tokens (eval.expert_agreement).
+    # data.gold (DynamicRubric): HealthBench rows whose expert rubrics score the policy's
+    # answers at every evaluation, a gold metric for the watch (jaxrubric.methods.gold).
     c.data = ml_collections.ConfigDict({
         "train": "", "eval": "", "batch_size": 8, "eval_batch_size": 0, "prompt_tokens": 512, "policy_tokens": 640,
         "anchor_tokens": 512, "num_anchors": 4, "skip_bad_rows": False, "eval_rubric_runs": 4,
+        "gold": "",
     })
     # template_style: "full" instructions for real LLMs, "compact" for small models trained
     # from scratch (jaxrubric.rubric.templates.STYLES).
@@ -136,7 +139,7 @@ def base_config(method: str = "dynamic_rubric") -> ml_collections.ConfigDict:
                                            "wandb_run_name": "", "card_every": 10,
                                            "card_prompts": 2})
     # The reward-hacking watch (jaxrubric.watch): `gold` an eval metric no rubric trains on
-    # (empty: eval/quality where the world has a ground truth), compared with the training
+    # (empty: eval/quality where the world has a ground truth, else data.gold's), vs the training
     # reward over `window` evaluations; `length_corr`: the score-length correlation to warn
     # at (> 0: long answers paid for, < 0: short); `stop`: save and stop at a warning.
     c.watch = ml_collections.ConfigDict({"gold": "", "window": 3, "length_corr": 0.5,
@@ -477,7 +480,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
             raise ConfigFileError(f"config.{key} must be >= 1, got {_get(config, key)}")
     if not config.data.train:
         raise ConfigFileError("config.data.train: no training data file given")
-    for key in ("train", "eval"):
+    for key in ("train", "eval", "gold"):
         path = config.data[key]
         if Path(path).suffix in (".jsonl", ".json", ".parquet") and not Path(path).exists():
             raise ConfigFileError(f"config.data.{key}: {path} does not exist")

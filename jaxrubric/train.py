@@ -30,6 +30,7 @@ from jaxrubric.methods.batches import batch_shapes, encode_batch
 from jaxrubric.methods.cards import build_cards, card_table, card_text
 from jaxrubric.methods.data import (Frozen, RoleState, RoundBatch, RoundResult, RoundState,
                                     base_weights, role_weights, trainable)
+from jaxrubric.methods.gold import GoldRows
 from jaxrubric.methods.programs import make_round_step, make_submesh_round_step
 from jaxrubric.methods.setup import init_state
 from jaxrubric.models import adapters, hf
@@ -155,9 +156,10 @@ class CoevolveTask:
         # Batches are placed on the policy's mesh; a stage on another mesh moves what it reads.
         self.mesh = self.meshes[Role.POLICY]
         evaluates = bool(config.data.eval) and self.method.evaluates
+        held_out_sizes = bool(config.data.eval or config.data.gold)  # eval_batch_size rows
         for role, mesh in self.meshes.items():
             ways = shd.batch_ways(mesh)
-            for key in ("batch_size", "eval_batch_size") if evaluates else ("batch_size",):
+            for key in ("batch_size", "eval_batch_size") if held_out_sizes else ("batch_size",):
                 size = config.data[key] or config.data.batch_size
                 if size % ways:
                     raise ValueError(
@@ -191,6 +193,10 @@ class CoevolveTask:
                 raise ValueError(f"{config.data.eval}: {len(self.eval_records)} rows, the "
                                  f"held-out batch needs {size}")
             self.eval_records = self.eval_records[:size]
+        # The gold metric's rows (config.data.gold), read and checked before any model loads.
+        self.gold = GoldRows.from_config(config, self.tokenizer) if config.data.gold else None
+        if self.gold is not None and jax.process_index() == 0:
+            print(self.gold.summary(), flush=True)
         models = {role: role_model(config[role], len(self.tokenizer), self.tokenizer,
                                     self.meshes[role],
                                     role_lora(config, role) if role in TRAINED else None)
@@ -223,23 +229,41 @@ class CoevolveTask:
                       dataclasses.replace(self.setup, config=eval_config))
         if self.colocated:
             self._round = make_round_step(self.setup, self.frozen, self.method.round)
-            evaluate = jax.jit(shd.traced_in(lambda state, frozen, batch, rng: (
-                self.method.evaluate(eval_setup, state, frozen, batch, rng)), self.mesh))
+
+            def program(fn):
+                return jax.jit(shd.traced_in(lambda state, frozen, batch, rng: (
+                    fn(eval_setup, state, frozen, batch, rng)), self.mesh))
         else:
             run = placement.SubMeshes(self.meshes)
             self._round = make_submesh_round_step(self.setup, self.frozen, run,
                                                   self.method.round)
-            evaluate = functools.partial(placement.within(run, self.method.evaluate), eval_setup)
+
+            def program(fn):
+                return functools.partial(placement.within(run, fn), eval_setup)
+        evaluate = program(self.method.evaluate)
         self._evaluate = None
         if self.eval_records:
             self._eval_batch = self._encode(self.eval_records)
             self._evaluate = evaluate
         elif self.held_out is not None:
-            size = len(self.held_out.records)
-            local = shd.local_rows(self.mesh, size)
-            self._eval_batch = shd.global_batch(
-                self.mesh, jax.tree.map(lambda x: x[local], self.held_out.batch), local, size)
+            self._eval_batch = self._placed(self.held_out.batch, len(self.held_out.records))
             self._evaluate = evaluate
+        self._gold = None
+        if self.gold is not None:
+            self._gold_batch = self._placed(self.gold.batch, len(self.gold.ids))
+            self._gold = program(self.method.gold_evaluate)
+
+    def _placed(self, host: Any, size: int) -> Any:
+        """A host batch of `size` rows as a global batch on the policy's mesh, each process
+        placing the rows its devices hold."""
+        local = shd.local_rows(self.mesh, size)
+        return shd.global_batch(self.mesh, jax.tree.map(lambda x: x[local], host), local, size)
+
+    @property
+    def evaluates(self) -> bool:
+        """Whether the run has a held-out evaluation (`data.eval`) or a gold metric
+        (`data.gold`)."""
+        return self._evaluate is not None or self._gold is not None
 
     def _reference(self, role: Role, model: Decoder) -> nnx.State:
         """The KL reference of a fully fine-tuned role: `config.<role>.reference`'s weights,
@@ -294,12 +318,20 @@ class CoevolveTask:
                              for i in range(size)])
 
     def evaluate(self, state: RoundState, round_: int) -> dict[str, jax.Array | float]:
-        """The held-out batch's rollout without updates (the method's `evaluate`), with the
-        same key every time, so that curves move with the models only. On a method's own
-        held-out rows the device returns score matrices: they are fetched, appended to
-        `eval_scores` and turned into the metrics here, on the host."""
-        out = self._evaluate(state, self.frozen, self._eval_batch,
-                             jax.random.key(self.config.seed + 1))
+        """The held-out evaluation and the gold metric, each with the same key every time, so
+        that curves move with the models only."""
+        key = jax.random.key(self.config.seed + 1)
+        out = {} if self._evaluate is None else self._held_out_metrics(state, round_, key)
+        if self._gold is not None:
+            out |= self._gold(state, self.frozen, self._gold_batch, key)
+        return out
+
+    def _held_out_metrics(self, state: RoundState, round_: int, key: jax.Array
+                          ) -> dict[str, jax.Array | float]:
+        """The held-out batch's rollout without updates (the method's `evaluate`). On a
+        method's own held-out rows the device returns score matrices: they are fetched,
+        appended to `eval_scores` and turned into the metrics here, on the host."""
+        out = self._evaluate(state, self.frozen, self._eval_batch, key)
         if self.held_out is None:
             return out
         out = jax.tree.map(lambda x: np.asarray(x if x.is_fully_addressable else
@@ -373,7 +405,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, *,
         task, workdir=str(workdir), rounds=config.rounds, seed=config.seed,
         checkpoint_every=config.checkpoint_every, keep_checkpoints=config.keep_checkpoints,
         log_every=config.log_every, config=_fingerprinted(config),
-        eval_fn=task.evaluate if task._evaluate is not None else None,
+        eval_fn=task.evaluate if task.evaluates else None,
         eval_every=config.eval_every or None, profile_round=config.profile_round or None,
         max_skipped_rounds=config.max_skipped_rounds, fallback=fallback,
         wandb=(WandbSettings(config.logging.wandb_project, config.logging.wandb_run_name)

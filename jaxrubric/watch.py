@@ -15,13 +15,15 @@ from typing import NamedTuple
 
 REWARD = "policy/reward"
 LENGTH_CORRELATION = "telemetry/policy/score_length_corr"
-DEFAULT_GOLD = "eval/quality"  # a toy world's ground truth
+# The gold metrics `watch.gold` defaults to, the first logged: a toy world's ground truth, the
+# expert rubrics of `data.gold` (`methods.gold`).
+DEFAULT_GOLD = ("eval/quality", "eval/gold_score")
 Z = 2.0  # how many standard errors a rise or a fall must exceed
 
 
 @dataclasses.dataclass(frozen=True)
 class WatchSettings:
-    """`config.watch`: `gold` an eval metric (empty: `eval/quality` where logged), `window`
+    """`config.watch`: `gold` an eval metric (empty: `DEFAULT_GOLD`'s first logged), `window`
     evaluations (and rounds, for the length correlation) compared, `length_corr` the
     correlation to warn at (its sign says which way: > 0 rubrics paying for long answers,
     < 0 for short ones), `stop` whether an alarm saves and stops the run."""
@@ -78,9 +80,9 @@ class RewardWatch:
 
     def gold_name(self, eval_scalars: Mapping[str, float]) -> str | None:
         """The gold metric's name in `eval_scalars`, None when the run has none."""
-        name = self.settings.gold or DEFAULT_GOLD
-        name = name if name.startswith("eval/") else f"eval/{name}"
-        return name if name in eval_scalars else None
+        names = (self.settings.gold,) if self.settings.gold else DEFAULT_GOLD
+        names = tuple(n if n.startswith("eval/") else f"eval/{n}" for n in names)
+        return next((n for n in names if n in eval_scalars), None)
 
     def after_round(self, round_: int, scalars: Mapping[str, float]) -> list[Alarm]:
         if REWARD in scalars:

@@ -32,6 +32,7 @@ from jaxrubric.methods.method import Method, verifier_messages
 from jaxrubric.methods.round_config import RoundConfig
 from jaxrubric.methods.setup import RoundSetup
 from jaxrubric.methods.shapes import check_micro_batches
+from jaxrubric.methods.gold import GoldBatch
 from jaxrubric.methods.keys import EXPLORER_STREAM, RoundKey, update_keys
 from jaxrubric.methods.steps import Rubrics, judge_answers, text_lengths, write_rubrics
 from jaxrubric.methods.update import UpdateInputs, update
@@ -43,7 +44,7 @@ from jaxrubric.rl import grpo
 from jaxrubric.roles import Role
 from jaxrubric.rubric import grammar as grammar_lib
 from jaxrubric.rubric import templates as tpl
-from jaxrubric.rubric.scores import dynamic_rubric_score
+from jaxrubric.rubric.scores import dynamic_rubric_score, genrubric_score
 
 # ------------------------------------------------------------------------------ settings
 @dataclasses.dataclass(frozen=True)
@@ -437,6 +438,36 @@ def dynamic_rubric_evaluation(setup: RoundSetup, state: RoundState, frozen: Froz
     return held_out_metrics(setup, batch.anchors, out.judged, out.rewards)
 
 
+@placement.stage(Role.VERIFIER)
+def gold_scores(setup: RoundSetup, verifier_params: nnx.State, gold: GoldBatch,
+                responses: sampling.SampleResult, text_len: jax.Array) -> jax.Array:
+    """HealthBench's score `[B, K]` of each answer under its prompt's expert rubric (points of
+    the criteria met over the positive points), the verifier judging every criterion as it
+    judges a generated one."""
+    verifier = nnx.merge(setup.graph(Role.VERIFIER), verifier_params)
+    b = gold.items.shape[0]
+    expert = grammar_lib.ParsedRubric(  # one rubric per prompt, always complete
+        gold.items[:, None], gold.item_lengths[:, None], gold.weights[:, None],
+        gold.valid[:, None], jnp.full((b, 1, 1), -1, jnp.int32), jnp.ones((b, 1), bool))
+    verdicts = judge_answers(setup, verifier, gold.question, responses.tokens, text_len, expert,
+                             expert.valid, "gold answers")  # [B, K, 1, M]
+    scores, _ = genrubric_score(verdicts, gold.weights[:, None, None], gold.valid[:, None, None])
+    return scores[..., 0]
+
+
+def gold_evaluation(setup: RoundSetup, state: RoundState, frozen: Frozen, gold: GoldBatch,
+                    rng: jax.Array) -> dict[str, jax.Array]:
+    """The gold metric (`methods.gold`): the policy answers the gold prompts as in a round,
+    each answer is scored under its prompt's expert rubric; `gold_score` is HealthBench's
+    overall score (the mean over prompts of their answers' mean, clipped to [0, 1]) and
+    `gold_score_se` its standard error over prompts."""
+    responses, text_len = respond(setup, role_weights(state, frozen, Role.POLICY), gold.policy,
+                                  round_keys(rng).respond)
+    per_prompt = gold_scores(setup, frozen.verifier, gold, responses, text_len).mean(-1)
+    return {"gold_score": jnp.clip(per_prompt.mean(), 0.0, 1.0),
+            "gold_score_se": per_prompt.std() / jnp.sqrt(per_prompt.shape[0])}
+
+
 # ------------------------------------------------------------------------------ the method
 class DynamicRubric(Method):
     """DynamicRubric (see the module docstring)."""
@@ -460,7 +491,7 @@ class DynamicRubric(Method):
                              "(generator.lora.rank 0)")
         rc = self.round_config.from_tree(config.round.to_dict())
         eval_prompts = (config.data.eval_batch_size or config.data.batch_size
-                        if config.data.eval else None)
+                        if config.data.eval or config.data.gold else None)
         b, k, g = config.data.batch_size, rc.num_responses, rc.num_rubrics
         check_micro_batches(rc, {Role.POLICY: b, Role.GENERATOR: b},
                             {Role.GENERATOR: (b * g, g), Role.POLICY: (b * k, k)}, eval_prompts)
@@ -474,6 +505,9 @@ class DynamicRubric(Method):
 
     def evaluate(self, setup, state, frozen, batch, rng):
         return dynamic_rubric_evaluation(setup, state, frozen, batch, rng)
+
+    def gold_evaluate(self, setup, state, frozen, gold, rng):
+        return gold_evaluation(setup, state, frozen, gold, rng)
 
     def templates(self, config, tokenizer, *, max_items, chat_template_kwargs=None,
                   style="full"):

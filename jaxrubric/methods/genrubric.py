@@ -527,6 +527,10 @@ class GenRubric(Method):
             raise ValueError("config.round.num_rubrics must be >= 2 for GenRubric (each group's "
                              "induced response is judged by the other groups), got "
                              f"{rc.num_rubrics}")
+        if config.data.gold:
+            raise ValueError("config.data.gold: GenRubric's policy answers while shown a rubric, "
+                             "so it has no gold evaluation; its held-out agreement with expert "
+                             "rubrics (data.eval) is the watch's gold metric (watch.gold)")
         for key, value in (("oracle", config.oracle), ("generator.explorer",
                                                        config.generator.explorer)):
             if value:

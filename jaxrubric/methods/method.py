@@ -83,6 +83,12 @@ class Method(abc.ABC):
         """Held-out metrics of the current models, no update."""
         raise NotImplementedError(f"{self.name} has no held-out evaluation")
 
+    def gold_evaluate(self, setup: RoundSetup, state: RoundState, frozen: Frozen, gold: Any,
+                      rng: jax.Array) -> dict[str, jax.Array]:
+        """The gold metric on `config.data.gold`'s rows (`methods.gold.GoldBatch`), for the
+        reward-hacking watch; only methods whose policy answers prompts have one."""
+        raise NotImplementedError(f"{self.name} has no gold evaluation (config.data.gold)")
+
     @abc.abstractmethod
     def templates(self, config: RoundConfig, tokenizer: Any, *, max_items: int,
                   chat_template_kwargs: Mapping[str, Any] | None = None,

@@ -36,10 +36,11 @@ def test_changes_within_their_standard_errors_raise_nothing():
     assert _feed(RewardWatch(WatchSettings(window=2)), [[0.5], [0.9]], [0.5, 0.9]) == []
 
 
-def test_the_gold_metric_is_named_or_eval_quality_and_without_one_nothing_is_compared():
+def test_the_gold_metric_is_named_or_a_default_and_without_one_nothing_is_compared():
     watch = RewardWatch(WatchSettings(gold="agreement"))
     assert watch.gold_name({"eval/agreement": 1.0, "eval/quality": 0.0}) == "eval/agreement"
     assert RewardWatch(WatchSettings()).gold_name({"eval/quality": 1.0}) == "eval/quality"
+    assert RewardWatch(WatchSettings()).gold_name({"eval/gold_score": 0.5}) == "eval/gold_score"
     assert _feed(RewardWatch(WatchSettings(gold="missing", window=2)), [[0.1], [0.9]],
                  [0.9, 0.1]) == []
 
