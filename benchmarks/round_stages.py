@@ -82,7 +82,7 @@ def without_telemetry(round_fn):
     would be without its telemetry scalars (everything else the same)."""
     def round_(*args):
         computed = telemetry.round_telemetry
-        telemetry.round_telemetry = lambda judgement, **kwargs: {}
+        telemetry.round_telemetry = lambda *args, **kwargs: {}
         try:
             return round_fn(*args)
         finally:
@@ -139,7 +139,9 @@ def compare_rounds(steps: dict, state: RoundState, batch, rng) -> str:
         new_state, result = step(fresh(state), batch, rng)
         results[name] = (trained_params(new_state), {k: float(v) for k, v in
                                                      result.scalars.items()},
-                         jax.device_get(result.outputs)._asdict())
+                         {jax.tree_util.keystr(path): np.asarray(leaf) for path, leaf in
+                          jax.tree_util.tree_flatten_with_path(
+                              jax.device_get(result.outputs))[0]})
     (params_a, metrics_a, outputs_a), (params_b, metrics_b, outputs_b) = results.values()
     problems = []
     if set(metrics_a) != set(metrics_b):

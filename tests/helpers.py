@@ -246,6 +246,12 @@ def flat(tree) -> np.ndarray:
     return np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in jax.tree.leaves(tree)])
 
 
+def named_leaves(tree) -> dict[str, np.ndarray]:
+    """Every leaf of a pytree (a round's outputs: arrays and nested NamedTuples) by its path."""
+    return {jax.tree_util.keystr(path): np.asarray(leaf)
+            for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
 def update_error(final: np.ndarray, reference: np.ndarray, initial: np.ndarray) -> float:
     """How far an update (final minus initial parameters) is from the reference update,
     relative to the reference's size. Not element by element: Adam's step g / (|g| + eps) is

@@ -79,7 +79,7 @@ def build_cards(outputs: Any, question: tuple[np.ndarray, np.ndarray], tokenizer
             } for m in range(j.weights.shape[-1]) if j.item_valid[b, g, m]]
             rubrics.append({
                 "text": decode(outputs.rubrics[b, g], outputs.rubric_len[b, g]),
-                "length": int(j.rubric_lengths[b, g]),
+                "length": int(outputs.rubric_len[b, g]),
                 "valid": bool(j.group_valid[b, g]), "complete": bool(j.complete[b, g]),
                 "explorer": g >= num_rubrics - explorer_rubrics,
                 "reward": float(outputs.generator_reward[b, g]),

@@ -277,11 +277,11 @@ def reward(setup: RoundSetup, question: Question, anchors: Anchors,
     else:
         policy_reward = oracle if cfg.policy_reward == "oracle" else rubric_reward
     judgement = telemetry.Judgement(
-        verdicts, parsed.weights, parsed.valid, group_valid, parsed.complete, rubrics.lengths,
-        parsed.items, parsed.item_lengths, policy_reward, jnp.ones(policy_reward.shape, bool),
-        text_len, oracle, rubric_reward)
+        verdicts, parsed.weights, parsed.valid, group_valid, parsed.complete, parsed.items,
+        parsed.item_lengths, policy_reward, jnp.ones(policy_reward.shape, bool), text_len,
+        oracle, rubric_reward)
     metrics = {
-        **telemetry.round_telemetry(judgement),
+        **telemetry.round_telemetry(judgement, rubrics.lengths),
         "policy/reward": policy_reward.mean(),
         "policy/reward_std_in_group": policy_reward.std(-1).mean(),
         "policy/response_length": responses.lengths.mean(),

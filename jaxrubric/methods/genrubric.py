@@ -349,10 +349,10 @@ def reward(setup: RoundSetup, rubrics: sampling.SampleResult, parsed: grammar_li
     set_groups, set_items = over_sets(group_valid, n, -1), over_sets(item_valid, n, -2)
     set_mask = over_sets(item_mask, n, -2)
     judgement = telemetry.Judgement(
-        verdicts, parsed.weights, item_valid, group_valid, parsed.complete, rubrics.lengths,
-        parsed.items, parsed.item_lengths, policy_reward, policy_valid, induced.text_len)
+        verdicts, parsed.weights, item_valid, group_valid, parsed.complete, parsed.items,
+        parsed.item_lengths, policy_reward, policy_valid, induced.text_len)
     metrics = {
-        **telemetry.round_telemetry(judgement, redundancy=True),
+        **telemetry.round_telemetry(judgement, rubrics.lengths, redundancy=True),
         "generator/reward": credit.sequence_reward.mean(),
         "generator/comprehensiveness": grpo.masked_mean(
             gr.cross_rubric_comprehensiveness(set_scores, set_groups), set_groups),

@@ -27,8 +27,9 @@ class ChartSpec:
 
 
 CHARTS = (
-    ChartSpec("Held-out quality", (DEFAULT_GOLD,),
-              "the ground truth of the policy's held-out answers: the gold metric"),
+    ChartSpec("Held-out quality", DEFAULT_GOLD,
+              "the gold metric: the ground truth of the policy's held-out answers, or their "
+              "score under expert rubrics (data.gold)"),
     ChartSpec("Δgap", ("eval/delta_gap", "eval/anchor_delta_gap"),
               "the evaluator's score gap between better and worse answers (held out)"),
     ChartSpec("Agreement with the ground truth",
@@ -60,12 +61,14 @@ def short_name(name: str) -> str:
 
 def gold_metrics(runs: Sequence[Run]) -> list[str]:
     """The gold metrics the runs' watches compare the training reward with, where a config
-    names one other than `eval/quality` (`config.watch.gold`, `jaxrubric.watch`)."""
+    names one other than the defaults (`config.watch.gold`, `jaxrubric.watch`)."""
     names = []
     for run in runs:
-        gold = ((run.config or {}).get("watch") or {}).get("gold") or DEFAULT_GOLD
+        gold = ((run.config or {}).get("watch") or {}).get("gold")
+        if not gold:
+            continue
         gold = gold if gold.startswith("eval/") else f"eval/{gold}"
-        if gold != DEFAULT_GOLD and gold not in names:
+        if gold not in DEFAULT_GOLD and gold not in names:
             names.append(gold)
     return names
 

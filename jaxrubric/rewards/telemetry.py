@@ -30,7 +30,6 @@ class Judgement(NamedTuple):
     item_valid: Array  # [B, G, M] items that parsed (of complete rubrics)
     group_valid: Array  # [B, G] rubrics that score answers
     complete: Array  # [B, G] the rubric's end token was written
-    rubric_lengths: Array  # [B, G] tokens
     items: Array  # [B, G, M, Li] item token ids
     item_lengths: Array  # [B, G, M]
     reward: Array  # [B, A] the policy's reward of each answer
@@ -98,9 +97,12 @@ def pair_agreement(score: Array, truth: Array) -> Array:
     return masked_mean(agree, better)
 
 
-def round_telemetry(j: Judgement, *, redundancy: bool = False) -> dict[str, Array]:
-    """The round's telemetry scalars (see the module docstring; `redundancy`: GenRubric's
-    fingerprint redundancy too)."""
+def round_telemetry(j: Judgement, rubric_lengths: Array, *, redundancy: bool = False
+                    ) -> dict[str, Array]:
+    """The round's telemetry scalars (see the module docstring); `rubric_lengths` `[B, G]` in
+    tokens (the write stage's, which the generator's update reads too: not part of the
+    `Judgement` a reward stage returns, so that no stage reads a copy of it from another mesh);
+    `redundancy`: GenRubric's fingerprint redundancy too."""
     scoring = j.item_valid & j.group_valid[..., None]  # items of the rubrics that score
     weight = jnp.abs(j.weights).astype(jnp.float32)
     sat = saturated(j.verdicts, scoring)
@@ -119,7 +121,7 @@ def round_telemetry(j: Judgement, *, redundancy: bool = False) -> dict[str, Arra
         GENERATOR + "items_per_rubric": masked_mean(scoring.sum(-1), j.group_valid),
         GENERATOR + "weight_mean": w_mean,
         GENERATOR + "weight_std": jnp.sqrt(masked_mean(jnp.square(signed - w_mean), scoring)),
-        GENERATOR + "rubric_tokens": masked_mean(j.rubric_lengths, j.group_valid),
+        GENERATOR + "rubric_tokens": masked_mean(rubric_lengths, j.group_valid),
         GENERATOR + "duplicate_items": masked_mean(
             duplicate_items(j.items, j.item_lengths, scoring), scoring),
         POLICY + "tied_prompts": tied_prompts(j.reward, j.reward_valid),

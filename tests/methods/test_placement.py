@@ -11,7 +11,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from helpers import CONFIGS, flat, update_error
+from helpers import CONFIGS, flat, named_leaves, update_error
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxrubric import placement
@@ -106,7 +106,7 @@ def _rounds(config_name: str, placement_args: list[str], rounds: int = 2) -> dic
     for r in range(rounds):
         state, out = task.round_step(state, task.batch(r), jax.random.key(r))
         assert isinstance(out, RoundResult)
-        result[f"outputs{r}"] = jax.device_get(out.outputs)._asdict()
+        result[f"outputs{r}"] = named_leaves(jax.device_get(out.outputs))
     assert jax.tree.map(lambda x: x.sharding, state) == expected
     result["final"] = {r: flat(jax.device_get(state.role(r).params)) for r in UPDATE_RTOL}
     result["metrics"] = {k: float(v) for k, v in out.scalars.items()}

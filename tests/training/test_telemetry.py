@@ -163,13 +163,13 @@ def test_telemetry_equals_numpy_on_constructed_rounds(method, soft):
     lengths[1] = np.argsort(reward[1]) + 4  # lengths that follow the reward
     reward_valid = (rng.random((b, a)) < 0.8) if method == "genrubric" else np.ones((b, a), bool)
     judgement = Judgement(verdicts, weights.astype(np.int32), item_valid, group_valid, complete,
-                          rng.integers(5, 30, (b, g)).astype(np.int32), items, item_lengths,
-                          reward, reward_valid, lengths)
+                          items, item_lengths, reward, reward_valid, lengths)
+    rubric_lengths = rng.integers(5, 30, (b, g)).astype(np.int32)
     scalars = jax.device_get(round_telemetry(jax.tree.map(np.asarray, judgement),
-                                             redundancy=method == "genrubric"))
+                                             rubric_lengths, redundancy=method == "genrubric"))
     outputs = SimpleNamespace(
         judgement=judgement, responses=rng.integers(1, 9, (b, a, 12)),
-        rubrics=rng.integers(1, 9, (b, g, 30)), rubric_len=judgement.rubric_lengths,
+        rubrics=rng.integers(1, 9, (b, g, 30)), rubric_len=rubric_lengths,
         scores=rng.random((b, a, g)), policy_advantages=rng.normal(size=(b, a)),
         generator_reward=rng.random((b, g)), generator_advantages=rng.normal(size=(b, g)),
         item_reward=rng.random((b, g, m)) if method == "genrubric" else None)
