@@ -334,9 +334,7 @@ class CoevolveTask:
         out = self._evaluate(state, self.frozen, self._eval_batch, key)
         if self.held_out is None:
             return out
-        out = jax.tree.map(lambda x: np.asarray(x if x.is_fully_addressable else
-                                                multihost_utils.process_allgather(x, tiled=True)),
-                           out)
+        out = _on_host(out)
         if self.eval_scores is not None and jax.process_index() == 0:
             with open(self.eval_scores, "a", encoding="utf-8") as f:
                 f.writelines(json.dumps(row) + "\n"
@@ -366,18 +364,14 @@ class CoevolveTask:
         return {"sample/prompt": decode(*first[0:2]), "sample/response": decode(*first[2:4]),
                 "sample/rubric": decode(*first[4:6])}
 
-
     def cards(self, state: RoundState, batch: RoundBatch, result: RoundResult,
               round_: int) -> CardLog:
         """Rubric cards of the batch's first `logging.card_prompts` prompts: only those rows
         leave the device."""
         rows = min(self.config.logging.card_prompts, self.config.data.batch_size)
         # Every process calls this (a row may live on another host: gathered, a collective).
-        outputs, question = jax.tree.map(
-            lambda x: np.asarray(x if x.is_fully_addressable
-                                 else multihost_utils.process_allgather(x, tiled=True)),
-            jax.tree.map(lambda x: x[:rows], (result.outputs, (batch.question.tokens,
-                                                                batch.question.lengths))))
+        outputs, question = _on_host(jax.tree.map(
+            lambda x: x[:rows], (result.outputs, (batch.question.tokens, batch.question.lengths))))
         rc = self.setup.config
         records = build_cards(
             outputs, question, self.tokenizer, round_=round_, method=self.method.name,
@@ -387,6 +381,13 @@ class CoevolveTask:
             explorer_rubrics=getattr(rc, "explorer_rubrics", 0))
         return CardLog(records, {f"cards/prompt_{c['row']}": card_text(c) for c in records},
                        card_table(records))
+
+
+def _on_host(tree: Any) -> Any:
+    """Device arrays as NumPy on every process, gathered where some rows live on another host
+    (a collective: every process calls it)."""
+    return jax.tree.map(lambda x: np.asarray(
+        x if x.is_fully_addressable else multihost_utils.process_allgather(x, tiled=True)), tree)
 
 
 def train(config: ml_collections.ConfigDict, workdir: str | Path, *,
